@@ -1,0 +1,47 @@
+//! Interpreter throughput: the paper's µGraphs on the CPU (f32), one core and all cores.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use mirage::{run, zoo, DType, KernelGraph, Tensor};
+
+fn inputs(g: &KernelGraph) -> Vec<Tensor<f32>> {
+    g.input_ids()
+        .iter()
+        .map(|&id| {
+            let dims = g.tensors[id].dims.clone();
+            let n: usize = dims.iter().product();
+            Tensor::new(dims, (0..n).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect()).expect("dims")
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let f16 = DType::Float16;
+    let cases = [
+        ("rmsnorm_linear_16x4096x4096", zoo::rmsnorm_linear(16, 4096, 4096, 64, 64, f16).expect("builds")),
+        ("gated_mlp_8x4096x4096", zoo::gated_mlp(8, 4096, 4096, 64, 32, f16).expect("builds")),
+        (
+            "gqa_b1",
+            zoo::attention(zoo::Attn { b: 2, h: 256, d: 64, s: 4096, splits: 16, frange: 4 }, false, f16)
+                .expect("builds"),
+        ),
+    ];
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
+    let mut group = c.benchmark_group("interpreter");
+    group.sample_size(10);
+    for (name, pair) in &cases {
+        let ins = inputs(&pair.ugraph);
+        group.bench_function(format!("{name}/ugraph/1-thread"), |b| {
+            b.iter(|| one.install(|| run(&pair.ugraph, &ins).expect("runs")))
+        });
+        group.bench_function(format!("{name}/ugraph/all-threads"), |b| {
+            b.iter(|| run(&pair.ugraph, &ins).expect("runs"))
+        });
+        group.bench_function(format!("{name}/reference/1-thread"), |b| {
+            b.iter(|| one.install(|| run(&pair.reference, &ins).expect("runs")))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,84 @@
+//! Conversions between Python arguments and the core's types, and the one error mapping.
+
+use mirage::{Accum, BinaryOp, DType, Error, UnaryOp};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::PyErr;
+
+/// Maps a core error to a Python exception: dtype errors raise `TypeError`, everything else
+/// `ValueError`; the message is the error's `Display` (it names the op, operand and dims).
+pub fn to_py_err(e: Error) -> PyErr {
+    match e {
+        Error::DType { .. } => PyTypeError::new_err(e.to_string()),
+        _ => PyValueError::new_err(e.to_string()),
+    }
+}
+
+/// `Result::map_err(to_py_err)` as a method.
+pub trait OrPyErr<T> {
+    /// Converts the error with [`to_py_err`].
+    fn py_err(self) -> pyo3::PyResult<T>;
+}
+
+impl<T> OrPyErr<T> for mirage::Result<T> {
+    fn py_err(self) -> pyo3::PyResult<T> {
+        self.map_err(to_py_err)
+    }
+}
+
+/// Parses a dtype name (`float16`, `bfloat16`, `float32` and their aliases).
+pub fn parse_dtype(op: &str, name: &str) -> pyo3::PyResult<DType> {
+    DType::from_name(name).ok_or_else(|| {
+        PyTypeError::new_err(format!("{op}: unknown dtype {name:?}; expected \"float16\", \"bfloat16\" or \"float32\""))
+    })
+}
+
+/// Parses an element-wise unary op and its constants.
+pub fn parse_unary(name: &str, min: Option<f64>, max: Option<f64>, scalar: Option<f64>) -> pyo3::PyResult<UnaryOp> {
+    let plain = |op: UnaryOp| {
+        if min.is_some() || max.is_some() || scalar.is_some() {
+            return Err(PyValueError::new_err(format!("{name}: takes no min/max/scalar parameter")));
+        }
+        Ok(op)
+    };
+    match name {
+        "exp" => plain(UnaryOp::Exp),
+        "silu" => plain(UnaryOp::Silu),
+        "gelu" => plain(UnaryOp::Gelu),
+        "relu" => plain(UnaryOp::Relu),
+        "sqrt" => plain(UnaryOp::Sqrt),
+        "square" => plain(UnaryOp::Square),
+        "clamp" => match (min, max, scalar) {
+            (Some(lo), Some(hi), None) => Ok(UnaryOp::Clamp { min: lo as f32, max: hi as f32 }),
+            _ => Err(PyValueError::new_err("clamp: needs min and max (and no scalar)")),
+        },
+        "mul_scalar" => match (min, max, scalar) {
+            (None, None, Some(s)) => Ok(UnaryOp::MulScalar { scalar: s as f32 }),
+            _ => Err(PyValueError::new_err("mul_scalar: needs scalar (and no min/max)")),
+        },
+        _ => Err(PyValueError::new_err(format!(
+            "unknown unary op {name:?}; expected one of exp, silu, gelu, relu, sqrt, square, clamp, mul_scalar"
+        ))),
+    }
+}
+
+/// Parses an element-wise binary op.
+pub fn parse_binary(name: &str) -> pyo3::PyResult<BinaryOp> {
+    match name {
+        "add" => Ok(BinaryOp::Add),
+        "sub" => Ok(BinaryOp::Sub),
+        "mul" => Ok(BinaryOp::Mul),
+        "div" => Ok(BinaryOp::Div),
+        "pow" => Ok(BinaryOp::Pow),
+        _ => Err(PyValueError::new_err(format!("unknown binary op {name:?}; expected one of add, sub, mul, div, pow"))),
+    }
+}
+
+/// Parses the `acc=` argument of a for-loop accumulator.
+pub fn parse_accum(op: &str, acc: Option<&str>) -> pyo3::PyResult<Accum> {
+    Accum::from_name(acc).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "{op}: unknown accumulator {:?}; expected None, \"sum\", \"mean\", \"rms\" or \"sum_todimx\"",
+            acc.unwrap_or_default()
+        ))
+    })
+}

@@ -1,0 +1,21 @@
+//! PyO3 glue exposing the mirage Rust core to Python as `mirage._core`.
+//!
+//! Glue only: every class wraps a builder of the `mirage` crate, takes and returns tensor ids
+//! (`int`), and maps errors in one place ([`convert::to_py_err`]). The user-facing API (dtype
+//! objects, tensor handles, input checks, torch/numpy conversion) lives in the pure-Python
+//! package `mirage`.
+
+use pyo3::prelude::*;
+
+mod block;
+mod convert;
+mod kernel;
+
+/// The extension module `mirage._core`.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<kernel::KernelGraph>()?;
+    m.add_class::<block::BlockGraph>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

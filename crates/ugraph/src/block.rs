@@ -1,0 +1,492 @@
+//! Block graphs: what one thread block of a customized kernel op computes, on tiles.
+//!
+//! Semantics (one place): the grid runs `grid_dim.x * y * z` blocks. A block input splits each
+//! data dim named by `imap[axis]` (for grid axes of size > 1; -1 replicates) evenly over that
+//! axis, then splits `forloop_dim` of its part into `forloop_range` tiles, one per iteration
+//! (-1: the same tile every iteration). The tile offset on the loop dim is
+//! `(block part * forloop_range + iteration) * tile`. Ops inside the loop act on tiles; an
+//! accumulator ([`Accum`]) closes the loop; ops after it run once. An output places each block's
+//! tile at `block coord * tile` along `omap[axis]`, and with `forloop_dim >= 0` saves every
+//! iteration's tile side by side along that dim instead of accumulating.
+//!
+//! Online softmax: `reduction_max(A, dim)` inside the loop returns `(M, D)` where `M` is the
+//! running max of `A` over `dim` and all iterations so far and `D = M_prev - M` (0 at the first
+//! iteration); `forloop_accum_rescale(A, s)` computes `acc = acc * s + A` (`acc = A` at the
+//! first iteration); `forloop_accum_max(A)` is the element-wise max over iterations.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{invalid, shape_err, Result};
+use crate::ops::{broadcast_dims, concat_dims, matmul_dims, reduce_dims, Accum, BinaryOp, UnaryOp};
+use crate::types::{check_dims, numel, resolve_dim, same_dtype, DType};
+
+/// Index of a tensor in its block graph.
+pub type STensorId = usize;
+
+/// When a block-graph tensor is computed relative to the for-loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Same value every iteration (depends only on inputs with `forloop_dim = -1`).
+    Invariant,
+    /// Changes every iteration.
+    Loop,
+    /// Computed once after the loop (depends on an accumulator).
+    Post,
+}
+
+/// A tile-level tensor of a block graph (lives in shared memory / registers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct STensor {
+    /// Tile dims.
+    pub dims: Vec<usize>,
+    /// Element type.
+    pub dtype: DType,
+    /// When it is computed.
+    pub phase: Phase,
+}
+
+/// The op of one block-graph node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum BlockOpKind {
+    /// Input iterator: loads tiles of the customized op's input with the same position.
+    Input {
+        /// Dims of the device tensor.
+        dims: Vec<usize>,
+        /// Element type of the device tensor.
+        dtype: DType,
+        /// Data dim split over each grid axis (x, y, z), -1 = replicate.
+        imap: [i64; 3],
+        /// Data dim split over the for-loop, -1 = same tile every iteration.
+        forloop_dim: i64,
+    },
+    /// Output saver: writes the customized op's output with the same position.
+    Output {
+        /// Data dim each grid axis places blocks along.
+        omap: [i64; 3],
+        /// -1: save once after the loop; >= 0: save each iteration along this dim.
+        forloop_dim: i64,
+    },
+    /// Tile matmul.
+    Matmul,
+    /// Element-wise unary op.
+    Unary {
+        /// The element-wise op.
+        op: UnaryOp,
+    },
+    /// Element-wise binary op with broadcasting.
+    Binary {
+        /// The element-wise op.
+        op: BinaryOp,
+    },
+    /// Sum over `dim`, kept with size 1.
+    Reduction {
+        /// Reduced dim.
+        dim: usize,
+    },
+    /// Running max over `dim` and iterations, and its change (two outputs).
+    ReductionMax {
+        /// Reduced dim.
+        dim: usize,
+    },
+    /// `x / sqrt(mean(x^2))` over the last dim.
+    RmsNorm,
+    /// Concatenation along `dim`.
+    Concat {
+        /// Concat dim.
+        dim: usize,
+    },
+    /// For-loop accumulator.
+    ForloopAccum {
+        /// Accumulator kind.
+        acc: Accum,
+    },
+    /// Rescaling accumulator `acc = acc * scale + x` (inputs: x, scale).
+    ForloopAccumRescale {
+        /// `None` or `Sum` (sum the last dim of x first).
+        acc: Accum,
+    },
+    /// Element-wise max over iterations.
+    ForloopAccumMax,
+}
+
+impl BlockOpKind {
+    /// The op's name in the Python API.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BlockOpKind::Input { .. } => "tb.new_input",
+            BlockOpKind::Output { .. } => "tb.new_output",
+            BlockOpKind::Matmul => "tb.matmul",
+            BlockOpKind::Unary { op } => op.name(),
+            BlockOpKind::Binary { op } => op.name(),
+            BlockOpKind::Reduction { .. } => "tb.reduction",
+            BlockOpKind::ReductionMax { .. } => "tb.reduction_max",
+            BlockOpKind::RmsNorm => "tb.rms_norm",
+            BlockOpKind::Concat { .. } => "tb.concat",
+            BlockOpKind::ForloopAccum { .. } => "tb.forloop_accum",
+            BlockOpKind::ForloopAccumRescale { .. } => "tb.forloop_accum_rescale",
+            BlockOpKind::ForloopAccumMax => "tb.forloop_accum_max",
+        }
+    }
+
+    /// Whether the op is an accumulator (runs in the loop, produces a post-loop tensor).
+    pub fn is_accumulator(&self) -> bool {
+        matches!(
+            self,
+            BlockOpKind::ForloopAccum { .. } | BlockOpKind::ForloopAccumRescale { .. } | BlockOpKind::ForloopAccumMax
+        )
+    }
+}
+
+/// One node of a block graph.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockOp {
+    /// What the node computes.
+    pub kind: BlockOpKind,
+    /// Operand tensors.
+    pub inputs: Vec<STensorId>,
+    /// Result tensors.
+    pub outputs: Vec<STensorId>,
+}
+
+/// What one thread block computes; run by a grid of blocks as one customized kernel op.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockGraph {
+    /// Blocks per grid axis (x, y, z).
+    pub grid_dim: [usize; 3],
+    /// Threads per block axis (x, y, z).
+    pub block_dim: [usize; 3],
+    /// Iterations of the for-loop.
+    pub forloop_range: usize,
+    /// Width the `sum_todimx` accumulator folds the last dim to.
+    pub reduction_dimx: usize,
+    /// Nodes in creation (topological) order.
+    pub ops: Vec<BlockOp>,
+    /// Tensors, indexed by [`STensorId`].
+    pub tensors: Vec<STensor>,
+}
+
+const AXES: [&str; 3] = ["x", "y", "z"];
+
+impl BlockGraph {
+    /// Creates an empty block graph, checking the launch parameters.
+    pub fn new(
+        grid_dim: [usize; 3],
+        block_dim: [usize; 3],
+        forloop_range: usize,
+        reduction_dimx: usize,
+    ) -> Result<Self> {
+        let op = "new_threadblock_graph";
+        if grid_dim.contains(&0) {
+            return invalid(op, format!("grid_dim {grid_dim:?} has a zero entry"));
+        }
+        let threads: usize = block_dim.iter().product();
+        if threads == 0 || threads > 1024 {
+            return invalid(op, format!("block_dim {block_dim:?} has {threads} threads; 1 to 1024 are allowed"));
+        }
+        if forloop_range == 0 {
+            return invalid(op, "forloop_range must be at least 1");
+        }
+        if reduction_dimx == 0 {
+            return invalid(op, "reduction_dimx must be at least 1");
+        }
+        Ok(BlockGraph { grid_dim, block_dim, forloop_range, reduction_dimx, ops: Vec::new(), tensors: Vec::new() })
+    }
+
+    /// Number of thread blocks in the grid.
+    pub fn num_blocks(&self) -> usize {
+        self.grid_dim.iter().product()
+    }
+
+    /// The tensor with this id.
+    pub fn tensor(&self, id: STensorId) -> Result<&STensor> {
+        self.tensors.get(id).ok_or_else(|| crate::Error::Invalid {
+            op: "threadblock graph".into(),
+            msg: format!("stensor #{id} does not belong to this threadblock graph"),
+        })
+    }
+
+    /// Input ops in order (their position is the customized op's input position).
+    pub fn input_ops(&self) -> impl Iterator<Item = &BlockOp> {
+        self.ops.iter().filter(|o| matches!(o.kind, BlockOpKind::Input { .. }))
+    }
+
+    /// Output ops in order (their position is the customized op's output position).
+    pub fn output_ops(&self) -> impl Iterator<Item = &BlockOp> {
+        self.ops.iter().filter(|o| matches!(o.kind, BlockOpKind::Output { .. }))
+    }
+
+    fn push(&mut self, kind: BlockOpKind, inputs: Vec<STensorId>, outs: Vec<STensor>) -> Vec<STensorId> {
+        let ids: Vec<STensorId> = (self.tensors.len()..self.tensors.len() + outs.len()).collect();
+        self.tensors.extend(outs);
+        self.ops.push(BlockOp { kind, inputs, outputs: ids.clone() });
+        ids
+    }
+
+    /// Tile dims of a device tensor of `dims` under `imap`/`forloop_dim`, with full checks.
+    pub fn input_tile_dims(&self, dims: &[usize], imap: [i64; 3], forloop_dim: i64) -> Result<Vec<usize>> {
+        let op = "tb.new_input";
+        check_dims(op, "the input", dims)?;
+        let mut tile = dims.to_vec();
+        let mut used = [false; 4];
+        for (a, &g) in self.grid_dim.iter().enumerate() {
+            let d = imap[a];
+            if g == 1 || d == -1 {
+                continue;
+            }
+            if d < -1 || d >= dims.len() as i64 {
+                return shape_err(
+                    op,
+                    format!(
+                        "input_map {imap:?}: grid axis {} maps to dim {d}, out of range for input dims {dims:?}",
+                        AXES[a]
+                    ),
+                );
+            }
+            let d = d as usize;
+            if used[d] {
+                return shape_err(op, format!("input_map {imap:?}: dim {d} is mapped by two grid axes"));
+            }
+            used[d] = true;
+            if !tile[d].is_multiple_of(g) {
+                return shape_err(
+                    op,
+                    format!("input_map {imap:?}: input dim {d} of size {} (dims {dims:?}) is not divisible by grid_dim.{} = {g}", dims[d], AXES[a]),
+                );
+            }
+            tile[d] /= g;
+        }
+        if forloop_dim != -1 {
+            let fd = resolve_loop_dim(op, forloop_dim, dims.len())?;
+            if !tile[fd].is_multiple_of(self.forloop_range) {
+                return shape_err(
+                    op,
+                    format!(
+                        "forloop_dim {fd}: the block's part of input dim {fd} has size {} (dims {dims:?}), not divisible by forloop_range {}",
+                        tile[fd], self.forloop_range
+                    ),
+                );
+            }
+            tile[fd] /= self.forloop_range;
+        }
+        Ok(tile)
+    }
+
+    /// Adds an input iterator over a device tensor of `dims`/`dtype`; returns its tile tensor.
+    pub fn new_input(&mut self, dims: &[usize], dtype: DType, imap: [i64; 3], forloop_dim: i64) -> Result<STensorId> {
+        let tile = self.input_tile_dims(dims, imap, forloop_dim)?;
+        let phase = if forloop_dim == -1 { Phase::Invariant } else { Phase::Loop };
+        let kind = BlockOpKind::Input { dims: dims.to_vec(), dtype, imap, forloop_dim };
+        Ok(self.push(kind, vec![], vec![STensor { dims: tile, dtype, phase }])[0])
+    }
+
+    /// Dims of the device tensor an output saver with these maps writes for a tile of `tile`.
+    pub fn output_dims_for(
+        &self,
+        tile: &[usize],
+        phase: Phase,
+        omap: [i64; 3],
+        forloop_dim: i64,
+    ) -> Result<Vec<usize>> {
+        let op = "tb.new_output";
+        let mut out = tile.to_vec();
+        let mut used = [false; 4];
+        for (a, &g) in self.grid_dim.iter().enumerate() {
+            if g == 1 {
+                continue;
+            }
+            let d = omap[a];
+            if d < 0 || d >= tile.len() as i64 {
+                return shape_err(
+                    op,
+                    format!(
+                        "output_map {omap:?}: grid axis {} has {g} blocks and must map to a dim of the output tile {tile:?} (each block writes its own part), got {d}",
+                        AXES[a]
+                    ),
+                );
+            }
+            let d = d as usize;
+            if used[d] {
+                return shape_err(op, format!("output_map {omap:?}: dim {d} is mapped by two grid axes"));
+            }
+            used[d] = true;
+            out[d] *= g;
+        }
+        if forloop_dim == -1 {
+            if phase == Phase::Loop {
+                return invalid(
+                    op,
+                    "the saved tensor is computed inside the for-loop: pass it through an accumulator (forloop_accum) first, or save every iteration with forloop_dim >= 0",
+                );
+            }
+        } else {
+            if phase == Phase::Post {
+                return invalid(op, "forloop_dim >= 0 saves every iteration, but the tensor is computed after the for-loop; use forloop_dim=-1");
+            }
+            let fd = resolve_loop_dim(op, forloop_dim, tile.len())?;
+            out[fd] *= self.forloop_range;
+        }
+        Ok(out)
+    }
+
+    /// Adds an output saver for `t`; returns the output's position.
+    pub fn new_output(&mut self, t: STensorId, omap: [i64; 3], forloop_dim: i64) -> Result<usize> {
+        let st = self.tensor(t)?.clone();
+        self.output_dims_for(&st.dims, st.phase, omap, forloop_dim)?;
+        let pos = self.output_ops().count();
+        self.push(BlockOpKind::Output { omap, forloop_dim }, vec![t], vec![]);
+        Ok(pos)
+    }
+
+    /// Dims of the device tensors of every output, in output order.
+    pub fn output_dims(&self) -> Vec<Vec<usize>> {
+        self.output_ops()
+            .map(|o| match o.kind {
+                BlockOpKind::Output { omap, forloop_dim } => {
+                    let st = &self.tensors[o.inputs[0]];
+                    self.output_dims_for(&st.dims, st.phase, omap, forloop_dim).unwrap_or_default()
+                }
+                _ => unreachable!("output_ops yields outputs only"),
+            })
+            .collect()
+    }
+
+    fn phase2(&self, op: &str, a: &STensor, b: &STensor) -> Result<Phase> {
+        use Phase::*;
+        match (a.phase, b.phase) {
+            (Loop, Post) | (Post, Loop) => invalid(
+                op,
+                "mixes a tensor computed inside the for-loop with one computed after the accumulator; accumulate first or move the op",
+            ),
+            (Invariant, p) | (p, Invariant) => Ok(p),
+            (p, _) => Ok(p),
+        }
+    }
+
+    /// Tile matmul `[.., m, k] x [.., k, n]`.
+    pub fn matmul(&mut self, a: STensorId, b: STensorId) -> Result<STensorId> {
+        let op = "tb.matmul";
+        let (ta, tb) = (self.tensor(a)?.clone(), self.tensor(b)?.clone());
+        let dims = matmul_dims(op, &ta.dims, &tb.dims)?;
+        let dtype = same_dtype(op, ta.dtype, tb.dtype)?;
+        let phase = self.phase2(op, &ta, &tb)?;
+        Ok(self.push(BlockOpKind::Matmul, vec![a, b], vec![STensor { dims, dtype, phase }])[0])
+    }
+
+    /// Element-wise unary op.
+    pub fn unary(&mut self, u: UnaryOp, a: STensorId) -> Result<STensorId> {
+        u.validate()?;
+        let t = self.tensor(a)?.clone();
+        Ok(self.push(BlockOpKind::Unary { op: u }, vec![a], vec![t])[0])
+    }
+
+    /// Element-wise binary op with broadcasting.
+    pub fn binary(&mut self, bop: BinaryOp, a: STensorId, b: STensorId) -> Result<STensorId> {
+        let op = &format!("tb.{}", bop.name());
+        let (ta, tb) = (self.tensor(a)?.clone(), self.tensor(b)?.clone());
+        let dims = broadcast_dims(op, &ta.dims, &tb.dims)?;
+        let dtype = same_dtype(op, ta.dtype, tb.dtype)?;
+        let phase = self.phase2(op, &ta, &tb)?;
+        Ok(self.push(BlockOpKind::Binary { op: bop }, vec![a, b], vec![STensor { dims, dtype, phase }])[0])
+    }
+
+    /// Sum over `dim` (negative counts from the end), kept with size 1.
+    pub fn reduction(&mut self, a: STensorId, dim: i64) -> Result<STensorId> {
+        let t = self.tensor(a)?.clone();
+        let d = resolve_dim("tb.reduction", "the input", dim, t.dims.len())?;
+        let out = STensor { dims: reduce_dims(&t.dims, d), ..t };
+        Ok(self.push(BlockOpKind::Reduction { dim: d }, vec![a], vec![out])[0])
+    }
+
+    /// Running max over `dim` and over iterations, and its change: returns `(max, diff)`.
+    pub fn reduction_max(&mut self, a: STensorId, dim: i64) -> Result<(STensorId, STensorId)> {
+        let t = self.tensor(a)?.clone();
+        let d = resolve_dim("tb.reduction_max", "the input", dim, t.dims.len())?;
+        let phase = if t.phase == Phase::Post { Phase::Post } else { Phase::Loop };
+        let out = STensor { dims: reduce_dims(&t.dims, d), dtype: t.dtype, phase };
+        let ids = self.push(BlockOpKind::ReductionMax { dim: d }, vec![a], vec![out.clone(), out]);
+        Ok((ids[0], ids[1]))
+    }
+
+    /// RMS normalisation over the last dim.
+    pub fn rms_norm(&mut self, a: STensorId) -> Result<STensorId> {
+        let t = self.tensor(a)?.clone();
+        Ok(self.push(BlockOpKind::RmsNorm, vec![a], vec![t])[0])
+    }
+
+    /// Concatenation along `dim`.
+    pub fn concat(&mut self, a: STensorId, b: STensorId, dim: i64) -> Result<STensorId> {
+        let op = "tb.concat";
+        let (ta, tb) = (self.tensor(a)?.clone(), self.tensor(b)?.clone());
+        let d = resolve_dim(op, "A", dim, ta.dims.len())?;
+        let dims = concat_dims(op, &ta.dims, &tb.dims, d)?;
+        let dtype = same_dtype(op, ta.dtype, tb.dtype)?;
+        let phase = self.phase2(op, &ta, &tb)?;
+        Ok(self.push(BlockOpKind::Concat { dim: d }, vec![a, b], vec![STensor { dims, dtype, phase }])[0])
+    }
+
+    fn accum_input(&self, op: &str, a: STensorId) -> Result<STensor> {
+        let t = self.tensor(a)?.clone();
+        if t.phase == Phase::Post {
+            return invalid(op, "the input is already computed after the for-loop (it went through an accumulator); a path may pass only one accumulator");
+        }
+        Ok(t)
+    }
+
+    /// For-loop accumulator (see [`Accum`]).
+    pub fn forloop_accum(&mut self, a: STensorId, acc: Accum) -> Result<STensorId> {
+        let t = self.accum_input("tb.forloop_accum", a)?;
+        let dims = acc.out_dims(&t.dims, self.reduction_dimx)?;
+        let out = STensor { dims, dtype: t.dtype, phase: Phase::Post };
+        Ok(self.push(BlockOpKind::ForloopAccum { acc }, vec![a], vec![out])[0])
+    }
+
+    /// Rescaling accumulator `acc = acc * scale + x`; `acc` is `None` or `Sum`.
+    pub fn forloop_accum_rescale(&mut self, a: STensorId, scale: STensorId, acc: Accum) -> Result<STensorId> {
+        let op = "tb.forloop_accum_rescale";
+        if !matches!(acc, Accum::None | Accum::Sum) {
+            return invalid(op, format!("acc must be None or \"sum\", got {:?}", acc.name()));
+        }
+        let t = self.accum_input(op, a)?;
+        let s = self.accum_input(op, scale)?;
+        same_dtype(op, t.dtype, s.dtype)?;
+        let dims = acc.out_dims(&t.dims, self.reduction_dimx)?;
+        if broadcast_dims(op, &dims, &s.dims)? != dims {
+            return shape_err(op, format!("scale dims {:?} do not broadcast to the accumulator dims {dims:?}", s.dims));
+        }
+        let out = STensor { dims, dtype: t.dtype, phase: Phase::Post };
+        Ok(self.push(BlockOpKind::ForloopAccumRescale { acc }, vec![a, scale], vec![out])[0])
+    }
+
+    /// Element-wise max over iterations.
+    pub fn forloop_accum_max(&mut self, a: STensorId) -> Result<STensorId> {
+        let t = self.accum_input("tb.forloop_accum_max", a)?;
+        let out = STensor { phase: Phase::Post, ..t };
+        Ok(self.push(BlockOpKind::ForloopAccumMax, vec![a], vec![out])[0])
+    }
+
+    /// Bytes of shared memory if every tile had its own buffer (an upper bound before planning).
+    pub fn shared_memory_upper_bound(&self) -> usize {
+        self.tensors.iter().map(|t| numel(&t.dims) * t.dtype.size_bytes()).sum()
+    }
+
+    /// Checks the graph is complete: at least one input and one output (unused inputs are allowed).
+    pub fn check_complete(&self) -> Result<()> {
+        let op = "customized";
+        if self.output_ops().count() == 0 {
+            return invalid(op, "the threadblock graph has no output (call tb.new_output)");
+        }
+        if self.input_ops().count() == 0 {
+            return invalid(op, "the threadblock graph has no input (call tb.new_input)");
+        }
+        Ok(())
+    }
+}
+
+fn resolve_loop_dim(op: &str, forloop_dim: i64, rank: usize) -> Result<usize> {
+    if forloop_dim < 0 || forloop_dim >= rank as i64 {
+        return shape_err(op, format!("forloop_dim {forloop_dim} is out of range for rank {rank} (use -1 for none)"));
+    }
+    Ok(forloop_dim as usize)
+}

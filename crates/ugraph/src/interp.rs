@@ -1,0 +1,665 @@
+//! The interpreter: runs any kernel graph, customized ops block by block and iteration by
+//! iteration, in any [`Scalar`] domain (f32 for CPU runs, a finite field for verification).
+//!
+//! It is demand-driven: [`run_region`] evaluates only what a box of each output depends on.
+//! A backward pass maps each op's demanded output box to boxes of its operands (through kernel
+//! ops, the blocks of customized ops whose tiles meet the demand, their iterations and tile
+//! ops); the forward pass computes exactly those boxes. [`run`] demands whole outputs.
+
+use std::borrow::Cow;
+
+use rayon::prelude::*;
+
+use crate::block::{BlockGraph, BlockOpKind, Phase};
+use crate::error::{invalid, shape_err, Result};
+use crate::kernel::{KernelGraph, KernelOpKind};
+use crate::ops::{Accum, BinaryOp};
+use crate::scalar::Scalar;
+use crate::tensor::Tensor;
+
+/// A half-open box `[start, end)` of a tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Region {
+    /// First index per dim.
+    pub start: Vec<usize>,
+    /// One past the last index per dim.
+    pub end: Vec<usize>,
+}
+
+impl Region {
+    /// The whole of a tensor of `dims`.
+    pub fn full(dims: &[usize]) -> Region {
+        Region { start: vec![0; dims.len()], end: dims.to_vec() }
+    }
+
+    /// Extent per dim.
+    pub fn extent(&self) -> Vec<usize> {
+        self.start.iter().zip(&self.end).map(|(s, e)| e - s).collect()
+    }
+
+    /// Smallest box holding both.
+    pub fn hull(&self, o: &Region) -> Region {
+        Region {
+            start: self.start.iter().zip(&o.start).map(|(a, b)| *a.min(b)).collect(),
+            end: self.end.iter().zip(&o.end).map(|(a, b)| *a.max(b)).collect(),
+        }
+    }
+
+    /// Common part, if not empty.
+    pub fn intersect(&self, o: &Region) -> Option<Region> {
+        let start: Vec<usize> = self.start.iter().zip(&o.start).map(|(a, b)| *a.max(b)).collect();
+        let end: Vec<usize> = self.end.iter().zip(&o.end).map(|(a, b)| *a.min(b)).collect();
+        start.iter().zip(&end).all(|(s, e)| s < e).then_some(Region { start, end })
+    }
+
+    /// This box moved by `+off`.
+    fn shift(&self, off: &[usize]) -> Region {
+        Region {
+            start: self.start.iter().zip(off).map(|(a, b)| a + b).collect(),
+            end: self.end.iter().zip(off).map(|(a, b)| a + b).collect(),
+        }
+    }
+
+    /// This box relative to `origin` (which it must not precede).
+    fn relative(&self, origin: &[usize]) -> Region {
+        Region {
+            start: self.start.iter().zip(origin).map(|(a, b)| a - b).collect(),
+            end: self.end.iter().zip(origin).map(|(a, b)| a - b).collect(),
+        }
+    }
+
+    /// This box widened to the whole of `dims` (of size `full`) along each dim in `dims`.
+    fn widen(&self, dims: &[usize], full: &[usize]) -> Region {
+        let mut r = self.clone();
+        for &d in dims {
+            r.start[d] = 0;
+            r.end[d] = full[d];
+        }
+        r
+    }
+
+    /// The box of an operand of `dims` that broadcasts into this box (size-1 dims stay `[0, 1)`).
+    fn broadcast_to(&self, dims: &[usize]) -> Region {
+        let mut r = self.clone();
+        for (d, &n) in dims.iter().enumerate() {
+            if n == 1 {
+                r.start[d] = 0;
+                r.end[d] = 1;
+            }
+        }
+        r
+    }
+}
+
+fn hull_into(slot: &mut Option<Region>, r: Region) {
+    *slot = Some(match slot.take() {
+        Some(old) => old.hull(&r),
+        None => r,
+    });
+}
+
+/// Where the interpreter reads graph inputs from: materialized tensors, or a lazy generator.
+pub trait Source<S: Scalar>: Sync {
+    /// Reads the box `[off, off + extent)` of graph input `input`.
+    fn read(&self, input: usize, off: &[usize], extent: &[usize]) -> Tensor<S>;
+}
+
+impl<S: Scalar> Source<S> for [Tensor<S>] {
+    fn read(&self, input: usize, off: &[usize], extent: &[usize]) -> Tensor<S> {
+        self[input].slice(off, extent)
+    }
+}
+
+impl<S: Scalar> Source<S> for Vec<Tensor<S>> {
+    fn read(&self, input: usize, off: &[usize], extent: &[usize]) -> Tensor<S> {
+        self[input].slice(off, extent)
+    }
+}
+
+/// A computed box of a tensor.
+#[derive(Clone)]
+struct Part<S> {
+    region: Region,
+    t: Tensor<S>,
+}
+
+impl<S: Scalar> Part<S> {
+    /// The values of `r`, which must lie inside this part.
+    fn view(&self, r: &Region) -> Cow<'_, Tensor<S>> {
+        if *r == self.region {
+            Cow::Borrowed(&self.t)
+        } else {
+            Cow::Owned(self.t.slice(&r.relative(&self.region.start).start, &r.extent()))
+        }
+    }
+}
+
+/// How a tile- or kernel-level op's demanded output box maps to operand boxes.
+enum Rule {
+    /// Element-wise, operands broadcast.
+    Elementwise,
+    /// `[.., m, k] x [.., k, n]`.
+    Matmul,
+    /// Operand 0 is needed whole along these dims; the output keeps the demanded box.
+    Reduce(Vec<usize>),
+    /// The op needs whole rows along these dims and computes them whole (rms_norm, softmax);
+    /// operands after the first (a weight) are needed whole.
+    Widen(Vec<usize>),
+    /// Concatenation along a dim.
+    Concat(usize),
+}
+
+impl Rule {
+    /// Operand boxes (None: operand not needed) and the box the op computes for output box `r`.
+    fn apply(&self, r: &Region, operands: &[&[usize]]) -> (Vec<Option<Region>>, Region) {
+        match self {
+            Rule::Elementwise => (operands.iter().map(|d| Some(r.broadcast_to(d))).collect(), r.clone()),
+            Rule::Matmul => {
+                let n = r.start.len();
+                let mut a = r.widen(&[n - 1], operands[0]);
+                a.end[n - 1] = operands[0][n - 1];
+                let b = r.widen(&[n - 2], operands[1]);
+                (vec![Some(a), Some(b)], r.clone())
+            }
+            Rule::Reduce(dims) => (vec![Some(r.widen(dims, operands[0]))], r.clone()),
+            Rule::Widen(dims) => {
+                let w = r.widen(dims, operands[0]);
+                let mut ops = vec![Some(w.clone())];
+                ops.extend(operands[1..].iter().map(|d| Some(Region::full(d))));
+                (ops, w)
+            }
+            Rule::Concat(d) => {
+                let (d, la) = (*d, operands[0][*d]);
+                let mut a = r.clone();
+                a.end[d] = a.end[d].min(la);
+                let mut b = r.clone();
+                b.start[d] = b.start[d].max(la) - la;
+                b.end[d] = b.end[d].saturating_sub(la);
+                let keep = |x: Region| (x.start[d] < x.end[d]).then_some(x);
+                (vec![keep(a), keep(b)], r.clone())
+            }
+        }
+    }
+}
+
+fn kernel_rule(kind: &KernelOpKind, rank: usize) -> Rule {
+    match kind {
+        KernelOpKind::Matmul => Rule::Matmul,
+        KernelOpKind::Unary { .. } | KernelOpKind::Binary { .. } => Rule::Elementwise,
+        KernelOpKind::Reduction { dim } => Rule::Reduce(vec![*dim]),
+        KernelOpKind::RmsNorm { normalized_ndims } => Rule::Widen((rank - normalized_ndims..rank).collect()),
+        KernelOpKind::Softmax { dim } => Rule::Widen(vec![*dim]),
+        KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => unreachable!("no region rule"),
+    }
+}
+
+fn block_rule(kind: &BlockOpKind, rank: usize) -> Rule {
+    match kind {
+        BlockOpKind::Matmul => Rule::Matmul,
+        BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } => Rule::Elementwise,
+        BlockOpKind::Reduction { dim } | BlockOpKind::ReductionMax { dim } => Rule::Reduce(vec![*dim]),
+        BlockOpKind::RmsNorm => Rule::Widen(vec![rank - 1]),
+        BlockOpKind::Concat { dim } => Rule::Concat(*dim),
+        BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => match acc {
+            Accum::None => Rule::Elementwise,
+            _ => Rule::Reduce(vec![rank - 1]),
+        },
+        BlockOpKind::ForloopAccumMax => Rule::Elementwise,
+        BlockOpKind::Input { .. } | BlockOpKind::Output { .. } => unreachable!("no region rule"),
+    }
+}
+
+/// Runs `g` on `inputs` (one per graph input, in order); returns the graph's outputs
+/// ([`KernelGraph::output_ids`]) in order.
+pub fn run<S: Scalar>(g: &KernelGraph, inputs: &[Tensor<S>]) -> Result<Vec<Tensor<S>>> {
+    let ids = g.input_ids();
+    if ids.len() != inputs.len() {
+        return invalid("run", format!("the graph has {} inputs but {} were given", ids.len(), inputs.len()));
+    }
+    for (i, (&id, t)) in ids.iter().zip(inputs).enumerate() {
+        let want = &g.tensors[id].dims;
+        if &t.dims != want || t.data.len() != t.dims.iter().product::<usize>() {
+            return shape_err("run", format!("input {i} has dims {:?} but the graph expects {want:?}", t.dims));
+        }
+    }
+    let regions: Vec<Region> = g.output_ids().iter().map(|&t| Region::full(&g.tensors[t].dims)).collect();
+    run_region(g, inputs, &regions)
+}
+
+/// Evaluates only what box `regions[i]` of each output `i` ([`KernelGraph::output_ids`] order)
+/// depends on; returns those boxes.
+pub fn run_region<S: Scalar, I: Source<S> + ?Sized>(
+    g: &KernelGraph,
+    inputs: &I,
+    regions: &[Region],
+) -> Result<Vec<Tensor<S>>> {
+    let outs = g.output_ids();
+    if regions.len() != outs.len() {
+        return invalid(
+            "run_region",
+            format!("the graph has {} outputs but {} regions were given", outs.len(), regions.len()),
+        );
+    }
+    let mut need: Vec<Option<Region>> = vec![None; g.tensors.len()];
+    for (k, (&t, r)) in outs.iter().zip(regions).enumerate() {
+        let dims = &g.tensors[t].dims;
+        let ok = r.start.len() == dims.len() && (0..dims.len()).all(|d| r.start[d] < r.end[d] && r.end[d] <= dims[d]);
+        if !ok {
+            return shape_err(
+                "run_region",
+                format!("region {r:?} of output {k} is empty or outside its dims {dims:?}"),
+            );
+        }
+        hull_into(&mut need[t], r.clone());
+    }
+
+    // Backward: demanded boxes of every tensor; block plans of customized ops.
+    let mut plans: Vec<Vec<BlockPlan>> = vec![Vec::new(); g.ops.len()];
+    for (i, op) in g.ops.iter().enumerate().rev() {
+        let out_need: Vec<Option<Region>> = op.outputs.iter().map(|&t| need[t].clone()).collect();
+        if out_need.iter().all(Option::is_none) {
+            continue;
+        }
+        let dims: Vec<&[usize]> = op.inputs.iter().map(|&t| g.tensors[t].dims.as_slice()).collect();
+        let in_need = match &op.kind {
+            KernelOpKind::Input { .. } => continue,
+            KernelOpKind::Customized { graph } => {
+                let (plan, in_need) = plan_blocks(graph, &out_need);
+                plans[i] = plan;
+                in_need
+            }
+            kind => {
+                let r = out_need[0].as_ref().expect("single-output op is demanded");
+                kernel_rule(kind, r.start.len()).apply(r, &dims).0
+            }
+        };
+        for (&t, r) in op.inputs.iter().zip(in_need) {
+            if let Some(r) = r {
+                hull_into(&mut need[t], r);
+            }
+        }
+    }
+
+    // Forward: compute the demanded boxes.
+    let mut vals: Vec<Option<Part<S>>> = vec![None; g.tensors.len()];
+    let mut input_pos = 0;
+    for (i, op) in g.ops.iter().enumerate() {
+        if let KernelOpKind::Input { .. } = op.kind {
+            if let Some(r) = &need[op.outputs[0]] {
+                vals[op.outputs[0]] =
+                    Some(Part { region: r.clone(), t: inputs.read(input_pos, &r.start, &r.extent()) });
+            }
+            input_pos += 1;
+            continue;
+        }
+        if op.outputs.iter().all(|&t| need[t].is_none()) {
+            continue;
+        }
+        let part = |t: usize| vals[t].as_ref().expect("operands are computed before use");
+        let results: Vec<Option<Part<S>>> = match &op.kind {
+            KernelOpKind::Customized { graph } => {
+                // An input no demanded output depends on was never computed.
+                let ins: Vec<Option<&Part<S>>> = op.inputs.iter().map(|&t| vals[t].as_ref()).collect();
+                let out_need: Vec<Option<Region>> = op.outputs.iter().map(|&t| need[t].clone()).collect();
+                run_customized(graph, &plans[i], &ins, &out_need)
+            }
+            kind => {
+                let r = need[op.outputs[0]].clone().expect("demanded");
+                let dims: Vec<&[usize]> = op.inputs.iter().map(|&t| g.tensors[t].dims.as_slice()).collect();
+                let (opr, computed) = kernel_rule(kind, r.start.len()).apply(&r, &dims);
+                let args: Vec<Cow<Tensor<S>>> = op
+                    .inputs
+                    .iter()
+                    .zip(&opr)
+                    .map(|(&t, rr)| part(t).view(rr.as_ref().expect("kernel operands are always needed")))
+                    .collect();
+                let t = match kind {
+                    KernelOpKind::Matmul => args[0].matmul(&args[1]),
+                    KernelOpKind::Unary { op: u } => args[0].unary(u),
+                    KernelOpKind::Binary { op: b } => args[0].binary(*b, &args[1]),
+                    KernelOpKind::Reduction { dim } => args[0].sum_dim(*dim),
+                    KernelOpKind::RmsNorm { normalized_ndims } => {
+                        let x = &args[0];
+                        let len: usize = x.dims[x.dims.len() - normalized_ndims..].iter().product();
+                        x.rms_norm(len, args.get(1).map(|w| w.as_ref()))
+                    }
+                    KernelOpKind::Softmax { dim } => args[0].softmax(*dim),
+                    KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => unreachable!("handled above"),
+                };
+                let p = Part { region: computed, t };
+                let t = p.view(&r).into_owned();
+                vec![Some(Part { region: r, t })]
+            }
+        };
+        for (&t, p) in op.outputs.iter().zip(results) {
+            vals[t] = p;
+        }
+    }
+    Ok(outs
+        .iter()
+        .zip(regions)
+        .map(|(&t, r)| vals[t].as_ref().expect("outputs are computed").view(r).into_owned())
+        .collect())
+}
+
+/// What one block must compute: its coordinate and the demanded box of each of its tensors.
+#[derive(Clone)]
+struct BlockPlan {
+    coord: [usize; 3],
+    need: Vec<Option<Region>>,
+}
+
+fn block_coord(bg: &BlockGraph, b: usize) -> [usize; 3] {
+    let [gx, gy, _] = bg.grid_dim;
+    [b % gx, (b / gx) % gy, b / (gx * gy)]
+}
+
+/// Iterations whose tiles a loop dim selects: all of them when `loop_dim >= 0`, else one.
+fn iterations(bg: &BlockGraph, loop_dim: i64) -> usize {
+    if loop_dim >= 0 {
+        bg.forloop_range
+    } else {
+        1
+    }
+}
+
+/// Plans the blocks of a customized op for the demanded boxes of its outputs; returns the plans
+/// and the demanded boxes of its inputs.
+fn plan_blocks(bg: &BlockGraph, out_need: &[Option<Region>]) -> (Vec<BlockPlan>, Vec<Option<Region>>) {
+    let n_inputs = bg.input_ops().count();
+    let per_block: Vec<(BlockPlan, Vec<Option<Region>>)> = (0..bg.num_blocks())
+        .into_par_iter()
+        .filter_map(|b| {
+            let coord = block_coord(bg, b);
+            let mut need: Vec<Option<Region>> = vec![None; bg.tensors.len()];
+            for (op, demand) in bg.output_ops().zip(out_need) {
+                let (Some(demand), BlockOpKind::Output { omap, forloop_dim }) = (demand, &op.kind) else { continue };
+                let tile = &bg.tensors[op.inputs[0]].dims;
+                for it in 0..iterations(bg, *forloop_dim) {
+                    let t = Region::full(tile).shift(&tile_offset(bg, coord, *omap, *forloop_dim, tile, it));
+                    if let Some(hit) = t.intersect(demand) {
+                        hull_into(&mut need[op.inputs[0]], hit.relative(&t.start));
+                    }
+                }
+            }
+            if need.iter().all(Option::is_none) {
+                return None;
+            }
+            let mut in_need: Vec<Option<Region>> = vec![None; n_inputs];
+            let mut pos = n_inputs;
+            for op in bg.ops.iter().rev() {
+                match &op.kind {
+                    BlockOpKind::Output { .. } => {}
+                    BlockOpKind::Input { imap, forloop_dim, .. } => {
+                        pos -= 1;
+                        let Some(r) = need[op.outputs[0]].clone() else { continue };
+                        let tile = &bg.tensors[op.outputs[0]].dims;
+                        for it in 0..iterations(bg, *forloop_dim) {
+                            hull_into(
+                                &mut in_need[pos],
+                                r.shift(&tile_offset(bg, coord, *imap, *forloop_dim, tile, it)),
+                            );
+                        }
+                    }
+                    kind => {
+                        let mut r: Option<Region> = None;
+                        for &t in &op.outputs {
+                            if let Some(x) = need[t].clone() {
+                                hull_into(&mut r, x);
+                            }
+                        }
+                        let Some(r) = r else { continue };
+                        let dims: Vec<&[usize]> = op.inputs.iter().map(|&t| bg.tensors[t].dims.as_slice()).collect();
+                        let rule = block_rule(kind, r.start.len());
+                        let opr = match kind {
+                            // The scale broadcasts into the accumulator's box.
+                            BlockOpKind::ForloopAccumRescale { .. } => {
+                                let mut v = rule.apply(&r, &dims[..1]).0;
+                                v.push(Some(r.broadcast_to(dims[1])));
+                                v
+                            }
+                            _ => rule.apply(&r, &dims).0,
+                        };
+                        for (&t, x) in op.inputs.iter().zip(opr) {
+                            if let Some(x) = x {
+                                hull_into(&mut need[t], x);
+                            }
+                        }
+                    }
+                }
+            }
+            Some((BlockPlan { coord, need }, in_need))
+        })
+        .collect();
+    let mut in_need: Vec<Option<Region>> = vec![None; n_inputs];
+    let plans = per_block
+        .into_iter()
+        .map(|(plan, ins)| {
+            for (slot, r) in in_need.iter_mut().zip(ins) {
+                if let Some(r) = r {
+                    hull_into(slot, r);
+                }
+            }
+            plan
+        })
+        .collect();
+    (plans, in_need)
+}
+
+/// Runs the planned blocks of a customized op in parallel and places their tiles into the
+/// demanded boxes of its outputs.
+fn run_customized<S: Scalar>(
+    bg: &BlockGraph,
+    plans: &[BlockPlan],
+    inputs: &[Option<&Part<S>>],
+    out_need: &[Option<Region>],
+) -> Vec<Option<Part<S>>> {
+    let writes: Vec<Vec<Write<S>>> = plans.par_iter().map(|p| run_block(bg, p, inputs)).collect();
+    let mut outs: Vec<Option<Part<S>>> = out_need
+        .iter()
+        .map(|r| r.as_ref().map(|r| Part { region: r.clone(), t: Tensor::zeros(&r.extent()) }))
+        .collect();
+    for (k, region, tile) in writes.into_iter().flatten() {
+        let Some(out) = outs[k].as_mut() else { continue };
+        if let Some(hit) = region.intersect(&out.region) {
+            out.t.copy_from(
+                &hit.relative(&out.region.start).start,
+                &tile,
+                &hit.relative(&region.start).start,
+                &hit.extent(),
+            );
+        }
+    }
+    outs
+}
+
+/// One tile written by one block: (output position, its box in the output, values).
+type Write<S> = (usize, Region, Tensor<S>);
+
+/// Offset of a block's (and iteration's) tile in a device tensor, for an imap/omap and loop dim.
+fn tile_offset(
+    bg: &BlockGraph,
+    coord: [usize; 3],
+    map: [i64; 3],
+    loop_dim: i64,
+    tile: &[usize],
+    iter: usize,
+) -> Vec<usize> {
+    let mut off = vec![0; tile.len()];
+    let lr = iterations(bg, loop_dim);
+    for a in 0..3 {
+        if bg.grid_dim[a] > 1 && map[a] >= 0 {
+            let d = map[a] as usize;
+            let part = if d as i64 == loop_dim { tile[d] * lr } else { tile[d] };
+            off[d] += coord[a] * part;
+        }
+    }
+    if loop_dim >= 0 {
+        off[loop_dim as usize] += iter * tile[loop_dim as usize];
+    }
+    off
+}
+
+/// Runs one planned thread block: loop iterations, accumulators, then the post-loop ops.
+fn run_block<S: Scalar>(bg: &BlockGraph, plan: &BlockPlan, inputs: &[Option<&Part<S>>]) -> Vec<Write<S>> {
+    let need = &plan.need;
+    let mut vals: Vec<Option<Part<S>>> = vec![None; bg.tensors.len()];
+    let mut writes = Vec::new();
+    let range = bg.forloop_range;
+    fn get<S>(vals: &[Option<Part<S>>], t: usize) -> &Part<S> {
+        vals[t].as_ref().expect("operand is computed")
+    }
+    // Pass 0..range: loop-phase work (and invariant work once); pass `range`: post-loop work.
+    for it in 0..=range {
+        let post = it == range;
+        let (mut n_in, mut n_out) = (0, 0);
+        for op in &bg.ops {
+            let out_phase = op.outputs.first().map(|&t| bg.tensors[t].phase);
+            let in_phase = op.inputs.first().map(|&t| bg.tensors[t].phase);
+            let out_need = op.outputs.first().and_then(|&t| need[t].clone());
+            match &op.kind {
+                BlockOpKind::Input { forloop_dim, imap, .. } => {
+                    let k = n_in;
+                    n_in += 1;
+                    let phase = bg.tensors[op.outputs[0]].phase;
+                    let Some(r) = out_need else { continue };
+                    if post || (phase == Phase::Invariant && it > 0) {
+                        continue;
+                    }
+                    let tile = &bg.tensors[op.outputs[0]].dims;
+                    let dev = r.shift(&tile_offset(bg, plan.coord, *imap, *forloop_dim, tile, it));
+                    let src = inputs[k].expect("a demanded block input has its device tensor computed");
+                    vals[op.outputs[0]] = Some(Part { region: r, t: src.view(&dev).into_owned() });
+                }
+                BlockOpKind::Output { omap, forloop_dim } => {
+                    let k = n_out;
+                    n_out += 1;
+                    if (*forloop_dim >= 0) == post {
+                        continue;
+                    }
+                    let Some(p) = vals[op.inputs[0]].clone() else { continue };
+                    let tile = &bg.tensors[op.inputs[0]].dims;
+                    let off = tile_offset(bg, plan.coord, *omap, *forloop_dim, tile, it);
+                    writes.push((k, p.region.shift(&off), p.t));
+                }
+                kind if kind.is_accumulator() => {
+                    let Some(r) = out_need else { continue };
+                    if post {
+                        finalize_accum(bg, kind, &op.inputs, &mut vals[op.outputs[0]]);
+                        continue;
+                    }
+                    let x_dims = &bg.tensors[op.inputs[0]].dims;
+                    let (opr, _) = block_rule(kind, r.start.len()).apply(&r, &[x_dims]);
+                    let x = get(&vals, op.inputs[0]).view(opr[0].as_ref().expect("accumulated operand is needed"));
+                    let last = x.dims.len() - 1;
+                    let contrib = match kind {
+                        BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => match acc {
+                            Accum::None => x.into_owned(),
+                            Accum::Sum | Accum::Mean => x.sum_dim(last),
+                            Accum::Rms => x.binary(BinaryOp::Mul, &x).sum_dim(last),
+                            Accum::SumToDimx => {
+                                // Fold the whole row, then keep the demanded part of [0, dimx).
+                                let folded = x.sum_to_dimx(bg.reduction_dimx);
+                                let mut fr = r.clone();
+                                fr.start[last] = 0;
+                                fr.end[last] = bg.reduction_dimx;
+                                Part { region: fr, t: folded }.view(&r).into_owned()
+                            }
+                        },
+                        _ => x.into_owned(),
+                    };
+                    let next = match (&vals[op.outputs[0]], kind) {
+                        (None, _) => contrib,
+                        (Some(acc), BlockOpKind::ForloopAccumMax) => acc.t.zip_with(&contrib, S::max),
+                        (Some(acc), BlockOpKind::ForloopAccumRescale { .. }) => {
+                            let s = get(&vals, op.inputs[1]).view(&r.broadcast_to(&bg.tensors[op.inputs[1]].dims));
+                            acc.t.binary(BinaryOp::Mul, &s).binary(BinaryOp::Add, &contrib)
+                        }
+                        (Some(acc), _) => acc.t.binary(BinaryOp::Add, &contrib),
+                    };
+                    vals[op.outputs[0]] = Some(Part { region: r, t: next });
+                }
+                kind => {
+                    let mut r: Option<Region> = None;
+                    for &t in &op.outputs {
+                        if let Some(x) = need[t].clone() {
+                            hull_into(&mut r, x);
+                        }
+                    }
+                    let Some(r) = r else { continue };
+                    let runs_now = match (kind, out_phase) {
+                        (BlockOpKind::ReductionMax { .. }, _) => post == (in_phase == Some(Phase::Post)),
+                        (_, Some(Phase::Invariant)) => it == 0,
+                        (_, Some(Phase::Loop)) => !post,
+                        _ => post,
+                    };
+                    if !runs_now {
+                        continue;
+                    }
+                    let dims: Vec<&[usize]> = op.inputs.iter().map(|&t| bg.tensors[t].dims.as_slice()).collect();
+                    let (opr, computed) = block_rule(kind, r.start.len()).apply(&r, &dims);
+                    let args: Vec<Option<Cow<Tensor<S>>>> = op
+                        .inputs
+                        .iter()
+                        .zip(&opr)
+                        .map(|(&t, rr)| rr.as_ref().map(|rr| get(&vals, t).view(rr)))
+                        .collect();
+                    let arg = |k: usize| args[k].as_ref().expect("operand is needed");
+                    if let BlockOpKind::ReductionMax { dim } = kind {
+                        let m = arg(0).max_dim(*dim);
+                        drop(args);
+                        let (new_max, diff) = match vals[op.outputs[0]].take() {
+                            Some(prev) if !post && it > 0 => {
+                                let nm = prev.t.zip_with(&m, S::max);
+                                let d = prev.t.binary(BinaryOp::Sub, &nm);
+                                (nm, d)
+                            }
+                            _ => (m.clone(), m.binary(BinaryOp::Sub, &m)),
+                        };
+                        vals[op.outputs[0]] = Some(Part { region: r.clone(), t: new_max });
+                        vals[op.outputs[1]] = Some(Part { region: r, t: diff });
+                        continue;
+                    }
+                    let t = match kind {
+                        BlockOpKind::Matmul => arg(0).matmul(arg(1)),
+                        BlockOpKind::Unary { op: u } => arg(0).unary(u),
+                        BlockOpKind::Binary { op: b } => arg(0).binary(*b, arg(1)),
+                        BlockOpKind::Reduction { dim } => arg(0).sum_dim(*dim),
+                        BlockOpKind::RmsNorm => {
+                            let x = arg(0);
+                            x.rms_norm(*x.dims.last().unwrap_or(&1), None)
+                        }
+                        BlockOpKind::Concat { dim } => match (&args[0], &args[1]) {
+                            (Some(a), Some(b)) => a.concat(b, *dim),
+                            (Some(a), None) => a.clone().into_owned(),
+                            (None, Some(b)) => b.clone().into_owned(),
+                            (None, None) => unreachable!("a demanded concat needs an operand"),
+                        },
+                        _ => unreachable!("inputs, outputs, accumulators and reduction_max are handled above"),
+                    };
+                    let t = Part { region: computed, t }.view(&r).into_owned();
+                    vals[op.outputs[0]] = Some(Part { region: r, t });
+                }
+            }
+        }
+    }
+    writes
+}
+
+/// Turns a summed accumulator into its final value (mean and rms divide, rms takes the root).
+fn finalize_accum<S: Scalar>(bg: &BlockGraph, kind: &BlockOpKind, inputs: &[usize], slot: &mut Option<Part<S>>) {
+    let BlockOpKind::ForloopAccum { acc } = kind else { return };
+    if !matches!(acc, Accum::Mean | Accum::Rms) {
+        return;
+    }
+    let last = *bg.tensors[inputs[0]].dims.last().unwrap_or(&1);
+    let n = S::from_count(last * bg.forloop_range);
+    if let Some(p) = slot.as_mut() {
+        for v in p.t.data.iter_mut() {
+            *v = v.div(n);
+            if *acc == Accum::Rms {
+                *v = v.sqrt();
+            }
+        }
+    }
+}

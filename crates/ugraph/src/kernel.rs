@@ -1,0 +1,444 @@
+//! Kernel graphs: tensors in device memory, predefined ops and customized (block-graph) ops.
+
+use serde::{Deserialize, Serialize};
+
+use crate::block::{BlockGraph, BlockOpKind};
+use crate::error::{invalid, shape_err, Error, Result};
+use crate::ops::{broadcast_dims, matmul_dims, reduce_dims, BinaryOp, UnaryOp};
+use crate::types::{check_dims, check_strides, resolve_dim, row_major_strides, same_dtype, DType};
+
+/// Index of a tensor in its kernel graph.
+pub type TensorId = usize;
+
+/// A tensor in device memory.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DTensor {
+    /// Dims.
+    pub dims: Vec<usize>,
+    /// Element type.
+    pub dtype: DType,
+}
+
+/// The op of one kernel-graph node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum KernelOpKind {
+    /// A graph input.
+    Input {
+        /// Dims.
+        dims: Vec<usize>,
+        /// Element type.
+        dtype: DType,
+        /// Layout in elements (row-major unless given).
+        strides: Vec<usize>,
+    },
+    /// Batched matmul `[.., m, k] x [.., k, n]`.
+    Matmul,
+    /// Element-wise unary op.
+    Unary {
+        /// The element-wise op.
+        op: UnaryOp,
+    },
+    /// Element-wise binary op with broadcasting.
+    Binary {
+        /// The element-wise op.
+        op: BinaryOp,
+    },
+    /// Sum over `dim`, kept with size 1.
+    Reduction {
+        /// Reduced dim.
+        dim: usize,
+    },
+    /// `x / sqrt(mean(x^2))` over the trailing `normalized_ndims` dims, times an optional weight
+    /// (second input, dims = the normalized dims).
+    RmsNorm {
+        /// How many trailing dims are normalized.
+        normalized_ndims: usize,
+    },
+    /// `exp(x - max) / sum(exp(x - max))` over `dim`.
+    Softmax {
+        /// Softmax dim.
+        dim: usize,
+    },
+    /// A graph-defined op: a block graph run by a grid of thread blocks.
+    Customized {
+        /// What each block computes.
+        graph: BlockGraph,
+    },
+}
+
+impl KernelOpKind {
+    /// The op's name in the Python API.
+    pub fn name(&self) -> &'static str {
+        match self {
+            KernelOpKind::Input { .. } => "new_input",
+            KernelOpKind::Matmul => "matmul",
+            KernelOpKind::Unary { op } => op.name(),
+            KernelOpKind::Binary { op } => op.name(),
+            KernelOpKind::Reduction { .. } => "reduction",
+            KernelOpKind::RmsNorm { .. } => "rms_norm",
+            KernelOpKind::Softmax { .. } => "softmax",
+            KernelOpKind::Customized { .. } => "customized",
+        }
+    }
+}
+
+/// One node of a kernel graph.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelOp {
+    /// What the node computes.
+    pub kind: KernelOpKind,
+    /// Operand tensors.
+    pub inputs: Vec<TensorId>,
+    /// Result tensors.
+    pub outputs: Vec<TensorId>,
+}
+
+/// A marked graph output and its layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Output {
+    /// The tensor.
+    pub tensor: TensorId,
+    /// Layout in elements.
+    pub strides: Vec<usize>,
+}
+
+/// A kernel graph: the top level of a µGraph.
+///
+/// ```
+/// use mirage_ugraph::{DType, KernelGraph, Tensor, run};
+/// let mut g = KernelGraph::new();
+/// let x = g.new_input(&[2, 3], DType::Float32, None).unwrap();
+/// let w = g.new_input(&[3, 2], DType::Float32, None).unwrap();
+/// let y = g.matmul(x, w).unwrap();
+/// g.mark_output(y, None).unwrap();
+/// let xs = Tensor::new(vec![2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+/// let ws = Tensor::new(vec![3, 2], vec![1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0]).unwrap();
+/// let out = run(&g, &[xs, ws]).unwrap();
+/// assert_eq!(out[0].data, vec![4.0, 5.0, 10.0, 11.0]);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KernelGraph {
+    /// Nodes in creation (topological) order.
+    pub ops: Vec<KernelOp>,
+    /// Tensors, indexed by [`TensorId`].
+    pub tensors: Vec<DTensor>,
+    /// Marked outputs in order.
+    pub outputs: Vec<Output>,
+}
+
+impl KernelGraph {
+    /// An empty graph.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The tensor with this id.
+    pub fn tensor(&self, id: TensorId) -> Result<&DTensor> {
+        self.tensors.get(id).ok_or_else(|| Error::Invalid {
+            op: "kernel graph".into(),
+            msg: format!("tensor #{id} does not belong to this graph"),
+        })
+    }
+
+    fn push(&mut self, kind: KernelOpKind, inputs: Vec<TensorId>, outs: Vec<DTensor>) -> Vec<TensorId> {
+        let ids: Vec<TensorId> = (self.tensors.len()..self.tensors.len() + outs.len()).collect();
+        self.tensors.extend(outs);
+        self.ops.push(KernelOp { kind, inputs, outputs: ids.clone() });
+        ids
+    }
+
+    /// Adds an input; `strides` default to row-major.
+    pub fn new_input(&mut self, dims: &[usize], dtype: DType, strides: Option<&[usize]>) -> Result<TensorId> {
+        check_dims("new_input", "the input", dims)?;
+        let strides = match strides {
+            Some(s) => {
+                check_strides("new_input", dims, s)?;
+                s.to_vec()
+            }
+            None => row_major_strides(dims),
+        };
+        let t = DTensor { dims: dims.to_vec(), dtype };
+        Ok(self.push(KernelOpKind::Input { dims: dims.to_vec(), dtype, strides }, vec![], vec![t])[0])
+    }
+
+    /// Ids of the graph inputs in order.
+    pub fn input_ids(&self) -> Vec<TensorId> {
+        self.ops.iter().filter(|o| matches!(o.kind, KernelOpKind::Input { .. })).map(|o| o.outputs[0]).collect()
+    }
+
+    /// Batched matmul.
+    pub fn matmul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let (ta, tb) = (self.tensor(a)?.clone(), self.tensor(b)?.clone());
+        let dims = matmul_dims("matmul", &ta.dims, &tb.dims)?;
+        let dtype = same_dtype("matmul", ta.dtype, tb.dtype)?;
+        Ok(self.push(KernelOpKind::Matmul, vec![a, b], vec![DTensor { dims, dtype }])[0])
+    }
+
+    /// Element-wise unary op.
+    pub fn unary(&mut self, op: UnaryOp, a: TensorId) -> Result<TensorId> {
+        op.validate()?;
+        let t = self.tensor(a)?.clone();
+        Ok(self.push(KernelOpKind::Unary { op }, vec![a], vec![t])[0])
+    }
+
+    /// Element-wise binary op with broadcasting.
+    pub fn binary(&mut self, op: BinaryOp, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let (ta, tb) = (self.tensor(a)?.clone(), self.tensor(b)?.clone());
+        let dims = broadcast_dims(op.name(), &ta.dims, &tb.dims)?;
+        let dtype = same_dtype(op.name(), ta.dtype, tb.dtype)?;
+        Ok(self.push(KernelOpKind::Binary { op }, vec![a, b], vec![DTensor { dims, dtype }])[0])
+    }
+
+    /// Sum over `dim` (negative counts from the end), kept with size 1.
+    pub fn reduction(&mut self, a: TensorId, dim: i64) -> Result<TensorId> {
+        let t = self.tensor(a)?.clone();
+        let d = resolve_dim("reduction", "the input", dim, t.dims.len())?;
+        let out = DTensor { dims: reduce_dims(&t.dims, d), dtype: t.dtype };
+        Ok(self.push(KernelOpKind::Reduction { dim: d }, vec![a], vec![out])[0])
+    }
+
+    /// RMS normalisation over the trailing dims `normalized_shape`, with an optional weight.
+    pub fn rms_norm(&mut self, a: TensorId, normalized_shape: &[usize], weight: Option<TensorId>) -> Result<TensorId> {
+        let op = "rms_norm";
+        let t = self.tensor(a)?.clone();
+        let n = normalized_shape.len();
+        if n == 0 || n > t.dims.len() || t.dims[t.dims.len() - n..] != *normalized_shape {
+            return shape_err(
+                op,
+                format!(
+                    "normalized_shape {normalized_shape:?} is not a non-empty suffix of the input dims {:?}",
+                    t.dims
+                ),
+            );
+        }
+        let mut inputs = vec![a];
+        if let Some(w) = weight {
+            let tw = self.tensor(w)?.clone();
+            if tw.dims != normalized_shape {
+                return shape_err(
+                    op,
+                    format!("weight has dims {:?} but normalized_shape is {normalized_shape:?}", tw.dims),
+                );
+            }
+            same_dtype(op, t.dtype, tw.dtype)?;
+            inputs.push(w);
+        }
+        Ok(self.push(KernelOpKind::RmsNorm { normalized_ndims: n }, inputs, vec![t])[0])
+    }
+
+    /// Softmax over `dim` (negative counts from the end).
+    pub fn softmax(&mut self, a: TensorId, dim: i64) -> Result<TensorId> {
+        let t = self.tensor(a)?.clone();
+        let d = resolve_dim("softmax", "the input", dim, t.dims.len())?;
+        Ok(self.push(KernelOpKind::Softmax { dim: d }, vec![a], vec![t])[0])
+    }
+
+    /// Adds a customized op running `graph` on `inputs`; returns its outputs in order.
+    pub fn customized(&mut self, inputs: &[TensorId], graph: BlockGraph) -> Result<Vec<TensorId>> {
+        let op = "customized";
+        graph.check_complete()?;
+        let declared: Vec<(Vec<usize>, DType)> = graph
+            .input_ops()
+            .map(|o| match &o.kind {
+                BlockOpKind::Input { dims, dtype, .. } => (dims.clone(), *dtype),
+                _ => unreachable!("input_ops yields inputs only"),
+            })
+            .collect();
+        if declared.len() != inputs.len() {
+            return invalid(
+                op,
+                format!("the threadblock graph has {} inputs but {} tensors were given", declared.len(), inputs.len()),
+            );
+        }
+        for (i, (&t, (dims, dtype))) in inputs.iter().zip(&declared).enumerate() {
+            let dt = self.tensor(t)?;
+            if &dt.dims != dims || dt.dtype != *dtype {
+                return shape_err(
+                    op,
+                    format!(
+                        "input {i} has dims {:?} and dtype {} but the threadblock graph's input {i} was declared with dims {dims:?} and dtype {}",
+                        dt.dims,
+                        dt.dtype.name(),
+                        dtype.name()
+                    ),
+                );
+            }
+        }
+        let outs: Vec<DTensor> = graph
+            .output_ops()
+            .zip(graph.output_dims())
+            .map(|(o, dims)| DTensor { dims, dtype: graph.tensors[o.inputs[0]].dtype })
+            .collect();
+        Ok(self.push(KernelOpKind::Customized { graph }, inputs.to_vec(), outs))
+    }
+
+    /// Marks `t` as an output; `strides` default to row-major.
+    pub fn mark_output(&mut self, t: TensorId, strides: Option<&[usize]>) -> Result<()> {
+        let dims = self.tensor(t)?.dims.clone();
+        if self.outputs.iter().any(|o| o.tensor == t) {
+            return invalid("mark_output", format!("tensor #{t} is already marked as an output"));
+        }
+        let strides = match strides {
+            Some(s) => {
+                check_strides("mark_output", &dims, s)?;
+                s.to_vec()
+            }
+            None => row_major_strides(&dims),
+        };
+        self.outputs.push(Output { tensor: t, strides });
+        Ok(())
+    }
+
+    /// The graph's outputs: the marked ones, or every tensor no op consumes (not inputs).
+    pub fn output_ids(&self) -> Vec<TensorId> {
+        if !self.outputs.is_empty() {
+            return self.outputs.iter().map(|o| o.tensor).collect();
+        }
+        let mut used = vec![false; self.tensors.len()];
+        for op in &self.ops {
+            for &i in &op.inputs {
+                used[i] = true;
+            }
+        }
+        self.ops
+            .iter()
+            .filter(|o| !matches!(o.kind, KernelOpKind::Input { .. }))
+            .flat_map(|o| o.outputs.iter().copied())
+            .filter(|&t| !used[t])
+            .collect()
+    }
+
+    /// Rebuilds this graph through the checked builder: the structural validation of a graph
+    /// that did not come from the builder (e.g. deserialized).
+    pub fn revalidate(&self) -> Result<KernelGraph> {
+        let mut g = KernelGraph::new();
+        for op in &self.ops {
+            for &i in &op.inputs {
+                if i >= g.tensors.len() {
+                    return invalid(op.kind.name(), format!("operand tensor #{i} is used before it is defined"));
+                }
+            }
+            let ins = &op.inputs;
+            let arity = |n: usize| -> Result<()> {
+                if ins.len() != n {
+                    return invalid(op.kind.name(), format!("expects {n} operands, got {}", ins.len()));
+                }
+                Ok(())
+            };
+            match &op.kind {
+                KernelOpKind::Input { dims, dtype, strides } => {
+                    arity(0)?;
+                    g.new_input(dims, *dtype, Some(strides))?;
+                }
+                KernelOpKind::Matmul => {
+                    arity(2)?;
+                    g.matmul(ins[0], ins[1])?;
+                }
+                KernelOpKind::Unary { op: u } => {
+                    arity(1)?;
+                    g.unary(*u, ins[0])?;
+                }
+                KernelOpKind::Binary { op: b } => {
+                    arity(2)?;
+                    g.binary(*b, ins[0], ins[1])?;
+                }
+                KernelOpKind::Reduction { dim } => {
+                    arity(1)?;
+                    g.reduction(ins[0], *dim as i64)?;
+                }
+                KernelOpKind::RmsNorm { normalized_ndims } => {
+                    if ins.is_empty() || ins.len() > 2 {
+                        return invalid("rms_norm", format!("expects 1 or 2 operands, got {}", ins.len()));
+                    }
+                    let d = &g.tensor(ins[0])?.dims;
+                    let n = (*normalized_ndims).min(d.len());
+                    let shape = d[d.len() - n..].to_vec();
+                    if n != *normalized_ndims {
+                        return shape_err(
+                            "rms_norm",
+                            format!("normalized_ndims {normalized_ndims} exceeds the input rank {}", d.len()),
+                        );
+                    }
+                    g.rms_norm(ins[0], &shape, ins.get(1).copied())?;
+                }
+                KernelOpKind::Softmax { dim } => {
+                    arity(1)?;
+                    g.softmax(ins[0], *dim as i64)?;
+                }
+                KernelOpKind::Customized { graph } => {
+                    g.customized(ins, graph.revalidate()?)?;
+                }
+            }
+        }
+        for o in &self.outputs {
+            g.mark_output(o.tensor, Some(&o.strides))?;
+        }
+        Ok(g)
+    }
+}
+
+impl BlockGraph {
+    /// Rebuilds this block graph through the checked builder.
+    pub fn revalidate(&self) -> Result<BlockGraph> {
+        let mut b = BlockGraph::new(self.grid_dim, self.block_dim, self.forloop_range, self.reduction_dimx)?;
+        for op in &self.ops {
+            let ins = &op.inputs;
+            for &i in ins {
+                if i >= b.tensors.len() {
+                    return invalid(op.kind.name(), format!("operand stensor #{i} is used before it is defined"));
+                }
+            }
+            let want = match op.kind {
+                BlockOpKind::Input { .. } => 0,
+                BlockOpKind::Matmul
+                | BlockOpKind::Binary { .. }
+                | BlockOpKind::Concat { .. }
+                | BlockOpKind::ForloopAccumRescale { .. } => 2,
+                _ => 1,
+            };
+            if ins.len() != want {
+                return invalid(op.kind.name(), format!("expects {want} operands, got {}", ins.len()));
+            }
+            match &op.kind {
+                BlockOpKind::Input { dims, dtype, imap, forloop_dim } => {
+                    b.new_input(dims, *dtype, *imap, *forloop_dim)?;
+                }
+                BlockOpKind::Output { omap, forloop_dim } => {
+                    b.new_output(ins[0], *omap, *forloop_dim)?;
+                }
+                BlockOpKind::Matmul => {
+                    b.matmul(ins[0], ins[1])?;
+                }
+                BlockOpKind::Unary { op: u } => {
+                    b.unary(*u, ins[0])?;
+                }
+                BlockOpKind::Binary { op: o } => {
+                    b.binary(*o, ins[0], ins[1])?;
+                }
+                BlockOpKind::Reduction { dim } => {
+                    b.reduction(ins[0], *dim as i64)?;
+                }
+                BlockOpKind::ReductionMax { dim } => {
+                    b.reduction_max(ins[0], *dim as i64)?;
+                }
+                BlockOpKind::RmsNorm => {
+                    b.rms_norm(ins[0])?;
+                }
+                BlockOpKind::Concat { dim } => {
+                    b.concat(ins[0], ins[1], *dim as i64)?;
+                }
+                BlockOpKind::ForloopAccum { acc } => {
+                    b.forloop_accum(ins[0], *acc)?;
+                }
+                BlockOpKind::ForloopAccumRescale { acc } => {
+                    b.forloop_accum_rescale(ins[0], ins[1], *acc)?;
+                }
+                BlockOpKind::ForloopAccumMax => {
+                    b.forloop_accum_max(ins[0])?;
+                }
+            }
+        }
+        Ok(b)
+    }
+}

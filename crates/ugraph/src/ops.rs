@@ -1,0 +1,276 @@
+//! The op table: every op's name, shape rule and scalar meaning in one place.
+//!
+//! Element-wise ops ([`UnaryOp`], [`BinaryOp`]) are shared by all three graph levels; the
+//! structural ops of each level ([`crate::kernel::KernelOpKind`], [`crate::block::BlockOpKind`])
+//! call the shape rules below. Semantics of the accumulators are documented on [`Accum`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{invalid, shape_err, Result};
+use crate::scalar::Scalar;
+
+/// Element-wise op with one operand.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "op")]
+pub enum UnaryOp {
+    /// `e^x`.
+    Exp,
+    /// `x * sigmoid(x)`.
+    Silu,
+    /// `x * Phi(x)` (erf form).
+    Gelu,
+    /// `max(x, 0)`.
+    Relu,
+    /// `sqrt(x)`.
+    Sqrt,
+    /// `x * x`.
+    Square,
+    /// `min(max(x, min), max)`.
+    Clamp {
+        /// Lower bound.
+        #[serde(with = "crate::json::float")]
+        min: f32,
+        /// Upper bound.
+        #[serde(with = "crate::json::float")]
+        max: f32,
+    },
+    /// `x * scalar`.
+    MulScalar {
+        /// The constant factor.
+        #[serde(with = "crate::json::float")]
+        scalar: f32,
+    },
+}
+
+impl UnaryOp {
+    /// The op's name in the Python API.
+    pub fn name(&self) -> &'static str {
+        match self {
+            UnaryOp::Exp => "exp",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Square => "square",
+            UnaryOp::Clamp { .. } => "clamp",
+            UnaryOp::MulScalar { .. } => "mul_scalar",
+        }
+    }
+
+    /// Applies the op to one value of a scalar domain.
+    #[inline(always)]
+    pub fn apply<S: Scalar>(&self, x: S) -> S {
+        match *self {
+            UnaryOp::Exp => x.exp(),
+            UnaryOp::Silu => x.silu(),
+            UnaryOp::Gelu => x.gelu(),
+            UnaryOp::Relu => x.relu(),
+            UnaryOp::Sqrt => x.sqrt(),
+            UnaryOp::Square => x.mul(x),
+            UnaryOp::Clamp { min, max } => x.clamp(min, max),
+            UnaryOp::MulScalar { scalar } => x.mul(S::from_f32(scalar)),
+        }
+    }
+
+    /// Whether the op is a polynomial/exponential map with an algebraic (field) meaning.
+    pub fn is_algebraic(&self) -> bool {
+        !matches!(self, UnaryOp::Relu | UnaryOp::Clamp { .. })
+    }
+
+    /// Checks the op's constants (finite, ordered bounds).
+    pub fn validate(&self) -> Result<()> {
+        match *self {
+            UnaryOp::Clamp { min, max } if min.is_nan() || max.is_nan() || min > max => {
+                invalid("clamp", format!("bounds min={min}, max={max} must be ordered numbers"))
+            }
+            UnaryOp::MulScalar { scalar } if !scalar.is_finite() => {
+                invalid("mul_scalar", format!("scalar {scalar} is not finite"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Element-wise op with two operands; shapes broadcast where a dim is 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b`.
+    Div,
+    /// `a ^ b`.
+    Pow,
+}
+
+impl BinaryOp {
+    /// The op's name in the Python API.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+        }
+    }
+
+    /// Applies the op to two values of a scalar domain.
+    #[inline(always)]
+    pub fn apply<S: Scalar>(&self, a: S, b: S) -> S {
+        match self {
+            BinaryOp::Add => a.add(b),
+            BinaryOp::Sub => a.sub(b),
+            BinaryOp::Mul => a.mul(b),
+            BinaryOp::Div => a.div(b),
+            BinaryOp::Pow => a.pow(b),
+        }
+    }
+}
+
+/// How a block graph's for-loop accumulator combines per-iteration tiles.
+///
+/// With `T_i` the input tile at iteration `i` of `forloop_range = R` iterations and `L` the
+/// tile's last dim: `None`: `sum_i T_i`; `Sum`: `sum_i sum_last(T_i)` (last dim becomes 1);
+/// `Mean`: `Sum / (L * R)`; `Rms`: `sqrt(sum_i sum_last(T_i^2) / (L * R))`; `SumToDimx`:
+/// `sum_i fold(T_i)` where `fold(x)[.., j] = sum_k x[.., j + k * reduction_dimx]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Accum {
+    /// Element-wise sum over iterations.
+    None,
+    /// Sum over iterations and over the last dim.
+    Sum,
+    /// Mean over iterations and the last dim.
+    Mean,
+    /// Root mean square over iterations and the last dim.
+    Rms,
+    /// Sum over iterations, last dim folded to `reduction_dimx`.
+    SumToDimx,
+}
+
+impl Accum {
+    /// The `acc=` string of the Python API (`None` for element-wise).
+    pub fn name(&self) -> Option<&'static str> {
+        match self {
+            Accum::None => None,
+            Accum::Sum => Some("sum"),
+            Accum::Mean => Some("mean"),
+            Accum::Rms => Some("rms"),
+            Accum::SumToDimx => Some("sum_todimx"),
+        }
+    }
+
+    /// Parses the `acc=` string of the Python API.
+    pub fn from_name(name: Option<&str>) -> Option<Accum> {
+        match name {
+            None | Some("none") | Some("None") => Some(Accum::None),
+            Some("sum") => Some(Accum::Sum),
+            Some("mean") => Some(Accum::Mean),
+            Some("rms") => Some(Accum::Rms),
+            Some("sum_todimx") => Some(Accum::SumToDimx),
+            _ => None,
+        }
+    }
+
+    /// Shape of the accumulated tensor for an input tile of `dims`.
+    pub fn out_dims(&self, dims: &[usize], reduction_dimx: usize) -> Result<Vec<usize>> {
+        let mut out = dims.to_vec();
+        let last = dims.len() - 1;
+        match self {
+            Accum::None => {}
+            Accum::Sum | Accum::Mean | Accum::Rms => out[last] = 1,
+            Accum::SumToDimx => {
+                if !dims[last].is_multiple_of(reduction_dimx) {
+                    return shape_err(
+                        "forloop_accum",
+                        format!("sum_todimx: last dim {} of input {dims:?} is not a multiple of reduction_dimx {reduction_dimx}", dims[last]),
+                    );
+                }
+                out[last] = reduction_dimx;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Shape rule of `matmul`: `[.., m, k] x [.., k, n] -> [.., m, n]`, equal ranks >= 2, equal batch dims.
+pub fn matmul_dims(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    if a.len() != b.len() || a.len() < 2 {
+        return shape_err(op, format!("A has dims {a:?} and B has dims {b:?}: ranks must be equal and at least 2"));
+    }
+    let r = a.len();
+    if a[r - 1] != b[r - 2] {
+        return shape_err(
+            op,
+            format!(
+                "A has dims {a:?} and B has dims {b:?}: inner dims {} (A dim {}) and {} (B dim {}) differ",
+                a[r - 1],
+                r - 1,
+                b[r - 2],
+                r - 2
+            ),
+        );
+    }
+    if a[..r - 2] != b[..r - 2] {
+        return shape_err(op, format!("A has dims {a:?} and B has dims {b:?}: batch dims differ"));
+    }
+    let mut out = a[..r - 1].to_vec();
+    out.push(b[r - 1]);
+    Ok(out)
+}
+
+/// Shape rule of element-wise binary ops: equal ranks; each dim equal or 1 on one side.
+pub fn broadcast_dims(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    if a.len() != b.len() {
+        return shape_err(op, format!("A has dims {a:?} and B has dims {b:?}: ranks must be equal"));
+    }
+    a.iter()
+        .zip(b)
+        .enumerate()
+        .map(|(i, (&x, &y))| {
+            if x == y || y == 1 {
+                Ok(x)
+            } else if x == 1 {
+                Ok(y)
+            } else {
+                shape_err(
+                    op,
+                    format!("A has dims {a:?} and B has dims {b:?}: dim {i} ({x} vs {y}) neither matches nor is 1"),
+                )
+            }
+        })
+        .collect()
+}
+
+/// Shape rule of `concat`: equal ranks, all dims but `dim` equal; `dim` adds up.
+pub fn concat_dims(op: &str, a: &[usize], b: &[usize], dim: usize) -> Result<Vec<usize>> {
+    if a.len() != b.len() {
+        return shape_err(op, format!("A has dims {a:?} and B has dims {b:?}: ranks must be equal"));
+    }
+    for i in 0..a.len() {
+        if i != dim && a[i] != b[i] {
+            return shape_err(
+                op,
+                format!(
+                    "A has dims {a:?} and B has dims {b:?}: dim {i} differs ({} vs {}) and is not the concat dim {dim}",
+                    a[i], b[i]
+                ),
+            );
+        }
+    }
+    let mut out = a.to_vec();
+    out[dim] += b[dim];
+    Ok(out)
+}
+
+/// Shape rule of a reduction over `dim` that keeps the dim with size 1.
+pub fn reduce_dims(dims: &[usize], dim: usize) -> Vec<usize> {
+    let mut out = dims.to_vec();
+    out[dim] = 1;
+    out
+}

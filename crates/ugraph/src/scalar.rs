@@ -1,0 +1,119 @@
+//! The scalar domain the interpreter computes in: `f32` for CPU runs; the verifier adds a
+//! finite-field element. Every op's meaning in a domain is one method here.
+
+/// Arithmetic an interpreter domain provides. Ops with no algebraic meaning (`relu`, `clamp`,
+/// `max`) may be deterministic uninterpreted functions in a non-float domain.
+pub trait Scalar: Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// Additive identity.
+    fn zero() -> Self;
+    /// Converts a constant of the graph (scalar factor, clamp bound). Every finite `f32` is a
+    /// dyadic rational, so a field domain can represent it exactly.
+    fn from_f32(x: f32) -> Self;
+    /// Converts an element count (the divisor of a mean).
+    fn from_count(n: usize) -> Self;
+    /// `a + b`.
+    fn add(self, o: Self) -> Self;
+    /// `a - b`.
+    fn sub(self, o: Self) -> Self;
+    /// `a * b`.
+    fn mul(self, o: Self) -> Self;
+    /// `a / b`.
+    fn div(self, o: Self) -> Self;
+    /// `a ^ b`.
+    fn pow(self, o: Self) -> Self;
+    /// `e ^ a`.
+    fn exp(self) -> Self;
+    /// Square root.
+    fn sqrt(self) -> Self;
+    /// `a * sigmoid(a)`.
+    fn silu(self) -> Self;
+    /// `a * Phi(a)` (the erf form, as torch's default).
+    fn gelu(self) -> Self;
+    /// `max(a, 0)`.
+    fn relu(self) -> Self;
+    /// `min(max(a, lo), hi)`.
+    fn clamp(self, lo: f32, hi: f32) -> Self;
+    /// Larger of two values.
+    fn max(self, o: Self) -> Self;
+    /// Widens to f64 for reporting (a field domain returns its canonical representative).
+    fn to_f64(self) -> f64;
+}
+
+/// Float domains: IEEE arithmetic, `gelu` in its erf form.
+macro_rules! float_scalar {
+    ($t:ty, $erf:path) => {
+        impl Scalar for $t {
+            #[inline(always)]
+            fn zero() -> Self {
+                0.0
+            }
+            #[inline(always)]
+            fn from_f32(x: f32) -> Self {
+                x as $t
+            }
+            #[inline(always)]
+            fn from_count(n: usize) -> Self {
+                n as $t
+            }
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+            #[inline(always)]
+            fn pow(self, o: Self) -> Self {
+                self.powf(o)
+            }
+            #[inline(always)]
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            #[inline(always)]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            #[inline(always)]
+            fn silu(self) -> Self {
+                self / (1.0 + <$t>::exp(-self))
+            }
+            #[inline(always)]
+            fn gelu(self) -> Self {
+                0.5 * self * (1.0 + $erf(self / (2.0 as $t).sqrt()))
+            }
+            #[inline(always)]
+            fn relu(self) -> Self {
+                if self > 0.0 {
+                    self
+                } else {
+                    0.0
+                }
+            }
+            #[inline(always)]
+            fn clamp(self, lo: f32, hi: f32) -> Self {
+                self.max(lo as $t).min(hi as $t)
+            }
+            #[inline(always)]
+            fn max(self, o: Self) -> Self {
+                <$t>::max(self, o)
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+        }
+    };
+}
+
+float_scalar!(f32, libm::erff);
+float_scalar!(f64, libm::erf);

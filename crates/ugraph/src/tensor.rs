@@ -1,0 +1,264 @@
+//! Dense row-major tensors of any scalar domain and the tile kernels the interpreter uses.
+
+use crate::error::{shape_err, Result};
+use crate::ops::{BinaryOp, UnaryOp};
+use crate::scalar::Scalar;
+use crate::types::{numel, row_major_strides};
+
+/// A dense row-major tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor<S> {
+    /// Dims.
+    pub dims: Vec<usize>,
+    /// Elements in row-major order.
+    pub data: Vec<S>,
+}
+
+impl<S: Scalar> Tensor<S> {
+    /// Wraps `data`, checking its length against `dims`.
+    pub fn new(dims: Vec<usize>, data: Vec<S>) -> Result<Self> {
+        if numel(&dims) != data.len() {
+            return shape_err("tensor", format!("dims {dims:?} need {} elements, got {}", numel(&dims), data.len()));
+        }
+        Ok(Tensor { dims, data })
+    }
+
+    /// A tensor filled with zero.
+    pub fn zeros(dims: &[usize]) -> Self {
+        Tensor { dims: dims.to_vec(), data: vec![S::zero(); numel(dims)] }
+    }
+
+    /// Applies `f` to every element.
+    pub fn map(&self, f: impl Fn(S) -> S) -> Self {
+        Tensor { dims: self.dims.clone(), data: self.data.iter().map(|&x| f(x)).collect() }
+    }
+
+    /// Element-wise unary op.
+    pub fn unary(&self, op: &UnaryOp) -> Self {
+        self.map(|x| op.apply(x))
+    }
+
+    /// Element-wise binary op, broadcasting dims of size 1 (ranks must already agree).
+    pub fn binary(&self, op: BinaryOp, o: &Tensor<S>) -> Self {
+        self.zip_with(o, |a, b| op.apply(a, b))
+    }
+
+    /// Combines two tensors element-wise with `f`, broadcasting dims of size 1.
+    pub fn zip_with(&self, o: &Tensor<S>, f: impl Fn(S, S) -> S) -> Self {
+        if self.dims == o.dims {
+            let data = self.data.iter().zip(&o.data).map(|(&a, &b)| f(a, b)).collect();
+            return Tensor { dims: self.dims.clone(), data };
+        }
+        let rank = self.dims.len();
+        let dims: Vec<usize> = self.dims.iter().zip(&o.dims).map(|(&a, &b)| a.max(b)).collect();
+        // Pad to rank 4 with leading 1s; broadcast dims get stride 0.
+        let pad = |d: &[usize]| -> ([usize; 4], [usize; 4]) {
+            let st = row_major_strides(d);
+            let (mut pd, mut ps) = ([1usize; 4], [0usize; 4]);
+            for i in 0..rank {
+                pd[4 - rank + i] = d[i];
+                ps[4 - rank + i] = if d[i] == 1 { 0 } else { st[i] };
+            }
+            (pd, ps)
+        };
+        let (_, sa) = pad(&self.dims);
+        let (_, sb) = pad(&o.dims);
+        let (od, _) = pad(&dims);
+        let mut data = Vec::with_capacity(numel(&dims));
+        for i0 in 0..od[0] {
+            for i1 in 0..od[1] {
+                for i2 in 0..od[2] {
+                    let ba = i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
+                    let bb = i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
+                    for i3 in 0..od[3] {
+                        data.push(f(self.data[ba + i3 * sa[3]], o.data[bb + i3 * sb[3]]));
+                    }
+                }
+            }
+        }
+        Tensor { dims, data }
+    }
+
+    /// Batched matmul `[.., m, k] x [.., k, n]` (shapes already checked).
+    pub fn matmul(&self, o: &Tensor<S>) -> Self {
+        let r = self.dims.len();
+        let (m, k, n) = (self.dims[r - 2], self.dims[r - 1], o.dims[r - 1]);
+        let batch = numel(&self.dims[..r - 2]);
+        let mut dims = self.dims.clone();
+        dims[r - 1] = n;
+        let mut data = vec![S::zero(); batch * m * n];
+        for bt in 0..batch {
+            let a = &self.data[bt * m * k..(bt + 1) * m * k];
+            let b = &o.data[bt * k * n..(bt + 1) * k * n];
+            let c = &mut data[bt * m * n..(bt + 1) * m * n];
+            for i in 0..m {
+                let crow = &mut c[i * n..(i + 1) * n];
+                for kk in 0..k {
+                    let av = a[i * k + kk];
+                    let brow = &b[kk * n..(kk + 1) * n];
+                    for (cv, &bv) in crow.iter_mut().zip(brow) {
+                        *cv = cv.add(av.mul(bv));
+                    }
+                }
+            }
+        }
+        Tensor { dims, data }
+    }
+
+    /// Splits dims around `dim` into (outer, len, inner) extents.
+    fn around(&self, dim: usize) -> (usize, usize, usize) {
+        (numel(&self.dims[..dim]), self.dims[dim], numel(&self.dims[dim + 1..]))
+    }
+
+    /// Folds `dim` with `f`, keeping it with size 1.
+    pub fn fold_dim(&self, dim: usize, f: impl Fn(S, S) -> S) -> Self {
+        let (outer, len, inner) = self.around(dim);
+        let mut data = Vec::with_capacity(outer * inner);
+        for o in 0..outer {
+            let base = o * len * inner;
+            for i in 0..inner {
+                let mut acc = self.data[base + i];
+                for l in 1..len {
+                    acc = f(acc, self.data[base + l * inner + i]);
+                }
+                data.push(acc);
+            }
+        }
+        let mut dims = self.dims.clone();
+        dims[dim] = 1;
+        Tensor { dims, data }
+    }
+
+    /// Sum over `dim`, kept with size 1.
+    pub fn sum_dim(&self, dim: usize) -> Self {
+        self.fold_dim(dim, |a, b| a.add(b))
+    }
+
+    /// Max over `dim`, kept with size 1.
+    pub fn max_dim(&self, dim: usize) -> Self {
+        self.fold_dim(dim, |a, b| a.max(b))
+    }
+
+    /// Folds the last dim to `dimx` by strided groups: `out[.., j] = sum_k x[.., j + k * dimx]`.
+    pub fn sum_to_dimx(&self, dimx: usize) -> Self {
+        let last = *self.dims.last().unwrap_or(&1);
+        let rows = self.data.len() / last;
+        let mut data = vec![S::zero(); rows * dimx];
+        for r in 0..rows {
+            let src = &self.data[r * last..(r + 1) * last];
+            let dst = &mut data[r * dimx..(r + 1) * dimx];
+            dst.copy_from_slice(&src[..dimx]);
+            for chunk in src[dimx..].chunks(dimx) {
+                for (d, &s) in dst.iter_mut().zip(chunk) {
+                    *d = d.add(s);
+                }
+            }
+        }
+        let mut dims = self.dims.clone();
+        if let Some(l) = dims.last_mut() {
+            *l = dimx;
+        }
+        Tensor { dims, data }
+    }
+
+    /// RMS normalisation over the trailing `len` elements of each row, times `weight` if given.
+    pub fn rms_norm(&self, len: usize, weight: Option<&Tensor<S>>) -> Self {
+        let mut data = Vec::with_capacity(self.data.len());
+        let n = S::from_count(len);
+        for row in self.data.chunks(len) {
+            let mut ss = S::zero();
+            for &x in row {
+                ss = ss.add(x.mul(x));
+            }
+            let r = ss.div(n).sqrt();
+            match weight {
+                Some(w) => data.extend(row.iter().zip(&w.data).map(|(&x, &wv)| x.div(r).mul(wv))),
+                None => data.extend(row.iter().map(|&x| x.div(r))),
+            }
+        }
+        Tensor { dims: self.dims.clone(), data }
+    }
+
+    /// Softmax over `dim`, subtracting the max first.
+    pub fn softmax(&self, dim: usize) -> Self {
+        let (outer, len, inner) = self.around(dim);
+        let mut data = self.data.clone();
+        for o in 0..outer {
+            for i in 0..inner {
+                let idx = |l: usize| o * len * inner + l * inner + i;
+                let mut m = data[idx(0)];
+                for l in 1..len {
+                    m = m.max(data[idx(l)]);
+                }
+                let mut s = S::zero();
+                for l in 0..len {
+                    let e = data[idx(l)].sub(m).exp();
+                    data[idx(l)] = e;
+                    s = s.add(e);
+                }
+                for l in 0..len {
+                    data[idx(l)] = data[idx(l)].div(s);
+                }
+            }
+        }
+        Tensor { dims: self.dims.clone(), data }
+    }
+
+    /// Concatenation along `dim` (shapes already checked).
+    pub fn concat(&self, o: &Tensor<S>, dim: usize) -> Self {
+        let (outer, la, inner) = self.around(dim);
+        let lb = o.dims[dim];
+        let mut data = Vec::with_capacity(self.data.len() + o.data.len());
+        for i in 0..outer {
+            data.extend_from_slice(&self.data[i * la * inner..(i + 1) * la * inner]);
+            data.extend_from_slice(&o.data[i * lb * inner..(i + 1) * lb * inner]);
+        }
+        let mut dims = self.dims.clone();
+        dims[dim] = la + lb;
+        Tensor { dims, data }
+    }
+
+    /// Copies the box `[off, off + extent)` out of this tensor.
+    pub fn slice(&self, off: &[usize], extent: &[usize]) -> Self {
+        let mut out = Tensor::zeros(extent);
+        copy_box(&self.data, &self.dims, off, &mut out.data, extent, &vec![0; extent.len()], extent);
+        out
+    }
+
+    /// Copies the box `[src_off, src_off + extent)` of `src` to `[off, off + extent)` of this tensor.
+    pub fn copy_from(&mut self, off: &[usize], src: &Tensor<S>, src_off: &[usize], extent: &[usize]) {
+        copy_box(&src.data, &src.dims, src_off, &mut self.data, &self.dims, off, extent);
+    }
+}
+
+/// Copies an N-d box of `extent` from `src` at `so` to `dst` at `dof` (row-major, same rank).
+fn copy_box<S: Copy>(
+    src: &[S],
+    sd: &[usize],
+    so: &[usize],
+    dst: &mut [S],
+    dd: &[usize],
+    dof: &[usize],
+    extent: &[usize],
+) {
+    let r = extent.len();
+    let (ss, ds) = (row_major_strides(sd), row_major_strides(dd));
+    let inner = extent[r - 1];
+    let rows = numel(&extent[..r - 1]);
+    let mut idx = vec![0usize; r.saturating_sub(1)];
+    for _ in 0..rows {
+        let (mut sb, mut db) = (so[r - 1], dof[r - 1]);
+        for d in 0..r - 1 {
+            sb += (so[d] + idx[d]) * ss[d];
+            db += (dof[d] + idx[d]) * ds[d];
+        }
+        dst[db..db + inner].copy_from_slice(&src[sb..sb + inner]);
+        for d in (0..r - 1).rev() {
+            idx[d] += 1;
+            if idx[d] < extent[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}

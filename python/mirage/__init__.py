@@ -1,0 +1,88 @@
+"""mirage: a Rust rebuild of the Mirage multi-level tensor-program superoptimizer.
+
+Build a kernel graph, optionally with hand-written threadblock graphs, and run it::
+
+    import mirage as mi
+    g = mi.new_kernel_graph()
+    X = g.new_input(dims=(16, 4096), dtype=mi.float16)
+    W = g.new_input(dims=(4096, 4096), dtype=mi.float16)
+    g.mark_output(g.matmul(g.rms_norm(X, normalized_shape=(4096,)), W))
+    (out,) = g(inputs=[x, w])          # torch CPU tensors or numpy arrays
+
+The graphs, their checks and the interpreter live in Rust (``mirage._core``); this package is
+the user API. torch is optional; numpy is required.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import _core
+from ._dtypes import DType, bfloat16, float16, float32
+from .kernel import KNGraph
+from .tensor import DTensor, STensor
+from .threadblock import TBGraph
+
+__version__: str = _core.__version__
+
+__all__ = [
+    "DTensor",
+    "DType",
+    "KNGraph",
+    "STensor",
+    "TBGraph",
+    "__version__",
+    "bfloat16",
+    "float16",
+    "float32",
+    "from_json",
+    "get_gpu_device_id",
+    "load_json",
+    "new_kernel_graph",
+    "new_threadblock_graph",
+    "set_gpu_device_id",
+]
+
+_gpu_device_id = 0
+
+
+def new_kernel_graph() -> KNGraph:
+    """An empty kernel graph."""
+    return KNGraph()
+
+
+def new_threadblock_graph(
+    grid_dim: Any, block_dim: Any, forloop_range: int, reduction_dimx: int
+) -> TBGraph:
+    """An empty threadblock graph: ``grid_dim`` blocks (x, y, z) of ``block_dim`` threads, a
+    for-loop of ``forloop_range`` iterations, ``reduction_dimx`` for ``sum_todimx``."""
+    return TBGraph(grid_dim, block_dim, forloop_range, reduction_dimx)
+
+
+def from_json(text: str) -> KNGraph:
+    """Reads a kernel graph from JSON written by :meth:`KNGraph.to_json` (revalidated)."""
+    if not isinstance(text, str):
+        raise TypeError(f"from_json: expected a str, got {type(text).__name__}")
+    return KNGraph(_core.KernelGraph.from_json(text))
+
+
+def load_json(path: str | os.PathLike[str]) -> KNGraph:
+    """Reads a kernel graph from a JSON file written by :meth:`KNGraph.save_json`."""
+    with open(os.fspath(path), encoding="utf-8") as f:
+        return from_json(f.read())
+
+
+def set_gpu_device_id(device_id: int) -> None:
+    """Selects the CUDA device used by code generation (stored; the CPU interpreter ignores it)."""
+    global _gpu_device_id
+    if isinstance(device_id, bool) or not isinstance(device_id, int):
+        raise TypeError(f"set_gpu_device_id: expected an int, got {device_id!r}")
+    if device_id < 0:
+        raise ValueError(f"set_gpu_device_id: device id must be >= 0, got {device_id}")
+    _gpu_device_id = device_id
+
+
+def get_gpu_device_id() -> int:
+    """The CUDA device id set by :func:`set_gpu_device_id` (0 by default)."""
+    return _gpu_device_id

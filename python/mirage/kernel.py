@@ -1,0 +1,307 @@
+"""Kernel graphs (:class:`KNGraph`): the top level of a µGraph, built op by op.
+
+Ops take and return :class:`~mirage.DTensor` handles; shapes and dtypes are checked by the Rust
+core as each op is added (``ValueError`` for shapes and structure, ``TypeError`` for dtypes).
+A graph is callable: ``outputs = graph(inputs=[...])`` runs it on the CPU interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from typing import Any, Union
+
+from . import _core
+from ._args import as_dims, as_int
+from ._dtypes import DType, as_dtype, float16
+from ._runtime import InputSpec, build_outputs, prepare_inputs
+from .tensor import DTensor
+from .threadblock import TBGraph
+
+__all__ = ["KNGraph"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _row_major(dims: Sequence[int]) -> tuple[int, ...]:
+    out = [1] * len(dims)
+    for d in range(len(dims) - 2, -1, -1):
+        out[d] = out[d + 1] * dims[d + 1]
+    return tuple(out)
+
+
+class KNGraph:
+    """A kernel graph: device tensors, predefined ops and customized (threadblock-graph) ops."""
+
+    def __init__(self, core: _core.KernelGraph | None = None) -> None:
+        self._core = core if core is not None else _core.KernelGraph()
+        # Inputs whose layout must match exactly at call time (strides given at new_input).
+        self._explicit_strides: dict[int, tuple[int, ...]] = {}
+        if core is not None:
+            # A loaded graph: a non-row-major input layout was necessarily given explicitly.
+            for tid in core.input_ids():
+                strides = tuple(core.input_strides(tid))
+                if strides != _row_major(core.tensor_dims(tid)):
+                    self._explicit_strides[tid] = strides
+
+    # ----------------------------------------------------------------- helpers
+    def _tid(self, op: str, t: Any, what: str = "A") -> int:
+        if not isinstance(t, DTensor):
+            raise TypeError(f"{op}: {what} must be a DTensor of this kernel graph, got {t!r}")
+        if t.graph is not self:
+            raise ValueError(f"{op}: {what} ({t!r}) belongs to another kernel graph")
+        return t.id
+
+    def _wrap(self, tid: int) -> DTensor:
+        return DTensor(self, tid)
+
+    def _unary(self, name: str, A: DTensor, **params: float) -> DTensor:
+        return self._wrap(self._core.unary(name, self._tid(name, A), **params))
+
+    def _binary(self, name: str, A: DTensor, B: DTensor) -> DTensor:
+        return self._wrap(self._core.binary(name, self._tid(name, A), self._tid(name, B, "B")))
+
+    # ------------------------------------------------------------------ inputs
+    def new_input(
+        self,
+        dims: Sequence[int],
+        strides: Sequence[int] | None = None,
+        dtype: Any = float16,
+    ) -> DTensor:
+        """Adds a graph input of ``dims``; ``strides`` (in elements) default to row-major.
+
+        When ``strides`` are given, every call checks that the tensor passed has that layout;
+        otherwise any layout is accepted. ``dtype``: a mirage dtype, a name or a torch dtype.
+        """
+        op = "new_input"
+        d = as_dims(op, "dims", dims)
+        if isinstance(strides, (DType, str)) or type(strides).__module__.startswith("torch"):
+            raise TypeError(
+                f"{op}: strides must be a tuple of integers, got {strides!r}; "
+                f"pass the dtype by keyword: new_input({d}, dtype={strides!r})"
+            )
+        s = None if strides is None else as_dims(op, "strides", strides)
+        dt = as_dtype(dtype, op)
+        tid = self._core.new_input(list(d), dt.name, None if s is None else list(s))
+        if s is not None:
+            self._explicit_strides[tid] = s
+        return self._wrap(tid)
+
+    # --------------------------------------------------------------------- ops
+    def matmul(self, A: DTensor, B: DTensor) -> DTensor:
+        """Batched matmul ``[.., m, k] x [.., k, n] -> [.., m, n]``."""
+        return self._wrap(self._core.matmul(self._tid("matmul", A), self._tid("matmul", B, "B")))
+
+    def exp(self, A: DTensor) -> DTensor:
+        """Element-wise ``e^A``."""
+        return self._unary("exp", A)
+
+    def silu(self, A: DTensor) -> DTensor:
+        """Element-wise ``A * sigmoid(A)``."""
+        return self._unary("silu", A)
+
+    def gelu(self, A: DTensor) -> DTensor:
+        """Element-wise GELU (erf form)."""
+        return self._unary("gelu", A)
+
+    def relu(self, A: DTensor) -> DTensor:
+        """Element-wise ``max(A, 0)``."""
+        return self._unary("relu", A)
+
+    def sqrt(self, A: DTensor) -> DTensor:
+        """Element-wise square root."""
+        return self._unary("sqrt", A)
+
+    def square(self, A: DTensor) -> DTensor:
+        """Element-wise ``A * A``."""
+        return self._unary("square", A)
+
+    def clamp(self, A: DTensor, min_val: float, max_val: float) -> DTensor:
+        """Element-wise ``min(max(A, min_val), max_val)``."""
+        return self._unary("clamp", A, min=float(min_val), max=float(max_val))
+
+    def add(self, A: DTensor, B: DTensor) -> DTensor:
+        """``A + B`` (a dim broadcasts when it is 1)."""
+        return self._binary("add", A, B)
+
+    def mul(self, A: DTensor, B: DTensor) -> DTensor:
+        """``A * B`` (a dim broadcasts when it is 1)."""
+        return self._binary("mul", A, B)
+
+    def div(self, A: DTensor, B: DTensor) -> DTensor:
+        """``A / B`` (a dim broadcasts when it is 1)."""
+        return self._binary("div", A, B)
+
+    def sub(self, A: DTensor, B: DTensor) -> DTensor:
+        """``A - B`` (a dim broadcasts when it is 1)."""
+        return self._binary("sub", A, B)
+
+    def pow(self, A: DTensor, B: DTensor) -> DTensor:
+        """``A ** B`` (a dim broadcasts when it is 1)."""
+        return self._binary("pow", A, B)
+
+    def reduction(self, A: DTensor, dim: int) -> DTensor:
+        """Sum over ``dim``, kept with size 1."""
+        op = "reduction"
+        return self._wrap(self._core.reduction(self._tid(op, A), as_int(op, "dim", dim)))
+
+    def rms_norm(
+        self,
+        A: DTensor,
+        normalized_shape: Sequence[int],
+        weight: DTensor | None = None,
+    ) -> DTensor:
+        """``A / sqrt(mean(A^2))`` over the trailing ``normalized_shape`` dims, times ``weight``."""
+        op = "rms_norm"
+        shape = as_dims(op, "normalized_shape", normalized_shape, allow_int=True)
+        w = None if weight is None else self._tid(op, weight, "weight")
+        return self._wrap(self._core.rms_norm(self._tid(op, A), list(shape), w))
+
+    def softmax(self, A: DTensor, dim: int = -1) -> DTensor:
+        """Softmax over ``dim``."""
+        op = "softmax"
+        return self._wrap(self._core.softmax(self._tid(op, A), as_int(op, "dim", dim)))
+
+    def customized(self, inputs: Sequence[DTensor], bgraph: TBGraph) -> list[DTensor]:
+        """Adds a graph-defined op: ``bgraph`` run by its grid of thread blocks on ``inputs``.
+
+        ``inputs[i]`` must have the dims and dtype of the tensor passed to the ``i``-th
+        ``bgraph.new_input``. Returns the op's outputs, one per ``bgraph.new_output``.
+        """
+        op = "customized"
+        if not isinstance(bgraph, TBGraph):
+            raise TypeError(f"{op}: bgraph must be a TBGraph, got {type(bgraph).__name__}")
+        items = list(inputs)
+        declared = bgraph.inputs
+        if len(items) != len(declared):
+            raise ValueError(
+                f"{op}: the threadblock graph has {len(declared)} inputs (tb.new_input calls) "
+                f"but {len(items)} tensors were given"
+            )
+        ids = []
+        for i, (t, want) in enumerate(zip(items, declared)):
+            ids.append(self._tid(op, t, f"input {i}"))
+            if t.dims != want.dims:
+                raise ValueError(
+                    f"{op}: input {i} has dims {t.dims} but the threadblock graph's input {i} "
+                    f"was declared with dims {want.dims}"
+                )
+            if t.dtype != want.dtype:
+                raise TypeError(
+                    f"{op}: input {i} has dtype {t.dtype!r} but the threadblock graph's input {i} "
+                    f"was declared with dtype {want.dtype!r}"
+                )
+        return [self._wrap(t) for t in self._core.customized(ids, bgraph._core)]
+
+    def mark_output(self, A: DTensor, strides: Sequence[int] | None = None) -> None:
+        """Marks ``A`` as a graph output; ``strides`` (in elements) default to row-major."""
+        op = "mark_output"
+        s = None if strides is None else list(as_dims(op, "strides", strides))
+        self._core.mark_output(self._tid(op, A), s)
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def inputs(self) -> list[DTensor]:
+        """The graph inputs, in call order."""
+        return [self._wrap(t) for t in self._core.input_ids()]
+
+    @property
+    def outputs(self) -> list[DTensor]:
+        """The marked outputs, or every tensor no op consumes when none is marked."""
+        return [self._wrap(t) for t in self._core.output_ids()]
+
+    @property
+    def num_ops(self) -> int:
+        """Number of ops, inputs included."""
+        return self._core.num_ops
+
+    def to_json(self) -> str:
+        """The graph as versioned JSON (``mi.from_json`` reads it back)."""
+        return self._core.to_json()
+
+    def save_json(self, path: PathLike) -> None:
+        """Writes :meth:`to_json` to ``path``."""
+        with open(os.fspath(path), "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+
+    def hash(self) -> str:
+        """A stable hex digest of the graph's structure."""
+        return self._core.hash()
+
+    def to_dot(self) -> str:
+        """The graph in Graphviz DOT."""
+        return self._core.to_dot()
+
+    def visualize(self, filename: PathLike) -> list[str]:
+        """Writes ``<filename>.dot`` (or ``filename`` if it ends with ``.dot``) and, when the
+        Graphviz ``dot`` executable is found, ``.svg`` and ``.png`` next to it.
+
+        Returns the paths written.
+        """
+        name = os.fspath(filename)
+        if name.endswith(".dot"):
+            dot_path, base = name, name[: -len(".dot")]
+        else:
+            dot_path, base = name + ".dot", name
+        with open(dot_path, "w", encoding="utf-8") as f:
+            f.write(self.to_dot())
+        written = [dot_path]
+        exe = shutil.which("dot")
+        if exe is not None:
+            for fmt in ("svg", "png"):
+                out = f"{base}.{fmt}"
+                res = subprocess.run(
+                    [exe, f"-T{fmt}", dot_path, "-o", out],
+                    check=False,
+                    capture_output=True,
+                    text=True,
+                )
+                if res.returncode != 0:
+                    raise RuntimeError(f"visualize: dot -T{fmt} failed: {res.stderr.strip()}")
+                written.append(out)
+        return written
+
+    # ------------------------------------------------------------------- run
+    def _input_specs(self) -> list[InputSpec]:
+        core = self._core
+        return [
+            InputSpec(
+                tuple(core.tensor_dims(t)),
+                as_dtype(core.tensor_dtype(t)),
+                self._explicit_strides.get(t),
+            )
+            for t in core.input_ids()
+        ]
+
+    def run(self, inputs: Sequence[Any] | None = None) -> list[Any]:
+        """Runs the graph on the CPU interpreter (computing in float32).
+
+        ``inputs``: one torch CPU tensor or numpy array per graph input, in order, checked on
+        every call. Returns the outputs as torch tensors when any input was a torch tensor,
+        else as numpy arrays, each in its tensor's dtype and declared layout.
+        """
+        data, as_torch = prepare_inputs(self._input_specs(), inputs)
+        core = self._core
+        raw = core.run(data)
+        outs = core.output_ids()
+        return build_outputs(
+            raw,
+            [core.tensor_dims(t) for t in outs],
+            [as_dtype(core.tensor_dtype(t)) for t in outs],
+            core.output_strides(),
+            as_torch,
+        )
+
+    def __call__(
+        self, inputs: Sequence[Any] | None = None, stream: Any = None, **ignored: Any
+    ) -> list[Any]:
+        """``graph(inputs=[...])``: same as :meth:`run`; ``stream`` and other keyword
+        arguments (e.g. ``outputs=``) are accepted and ignored on the CPU."""
+        return self.run(inputs)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{d.dims}:{d.dtype.name}" for d in self.inputs)
+        n_out = len(self._core.output_ids())
+        return f"KNGraph({self.num_ops} ops, inputs [{ins}], {n_out} outputs)"

@@ -1,0 +1,71 @@
+"""Shared fixtures and helpers of the pytest suite.
+
+Helpers are imported by the test modules with ``from conftest import ...`` (pytest puts this
+folder on ``sys.path``: the folder has no ``__init__.py``).
+"""
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skips tests marked ``gpu`` on machines without a CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def rng(request):
+    """A generator with a fixed seed per test (derived from the test's id, so stable)."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def as_f64(x):
+    """A torch tensor or numpy array as a float64 numpy array."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64).cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def rel_err(out, ref):
+    """``||out - ref|| / ||ref||`` in float64 (Frobenius norms)."""
+    out, ref = as_f64(out), as_f64(ref)
+    assert out.shape == ref.shape, f"shape {out.shape} != reference shape {ref.shape}"
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def assert_close(out, ref, tol=1e-5):
+    """Asserts the relative error of ``out`` against ``ref`` is below ``tol``."""
+    err = rel_err(out, ref)
+    assert np.isfinite(err) and err < tol, f"relative error {err:.3g} >= {tol:g}"
+
+
+def randn(rng, *shape, scale=1.0):
+    """Standard normal float32 values (a numpy array) times ``scale``."""
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def uniform(rng, lo, hi, *shape):
+    """Uniform float32 values in ``[lo, hi)``."""
+    return rng.uniform(lo, hi, shape).astype(np.float32)
+
+
+def run(graph, *inputs):
+    """Runs ``graph`` on numpy float32 inputs through the torch path; returns float64 arrays."""
+    outs = graph(inputs=[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])
+    assert isinstance(outs, list)
+    return [as_f64(o) for o in outs]
+
+
+def assert_error(excinfo, *parts):
+    """Asserts the raised exception's message contains every one of ``parts``."""
+    msg = str(excinfo.value)
+    for p in parts:
+        assert str(p) in msg, f"{p!r} not in error message {msg!r}"

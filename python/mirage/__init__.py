@@ -23,6 +23,7 @@ from ._dtypes import DType, bfloat16, float16, float32
 from .kernel import KNGraph
 from .tensor import DTensor, STensor
 from .threadblock import TBGraph
+from .verify import Verdict, verify
 
 __version__: str = _core.__version__
 
@@ -32,6 +33,7 @@ __all__ = [
     "KNGraph",
     "STensor",
     "TBGraph",
+    "Verdict",
     "__version__",
     "bfloat16",
     "float16",
@@ -42,6 +44,7 @@ __all__ = [
     "new_kernel_graph",
     "new_threadblock_graph",
     "set_gpu_device_id",
+    "verify",
 ]
 
 _gpu_device_id = 0

@@ -10,12 +10,14 @@ use pyo3::prelude::*;
 mod block;
 mod convert;
 mod kernel;
+mod verify;
 
 /// The extension module `mirage._core`.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernel::KernelGraph>()?;
     m.add_class::<block::BlockGraph>()?;
+    verify::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

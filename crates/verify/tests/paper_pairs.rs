@@ -1,0 +1,64 @@
+//! The paper's equivalent pairs (the zoo) are accepted, at small shapes and at the paper's.
+
+use std::time::Instant;
+
+use mirage_ugraph::zoo::{self, Attn, Pair};
+use mirage_ugraph::DType;
+use mirage_verify::{equivalent, Fragment, Numerics, Options, Verdict};
+
+fn small_pairs(dt: DType) -> Vec<Pair> {
+    let gqa = Attn { b: 2, h: 8, d: 16, s: 64, splits: 4, frange: 2 };
+    let mha = Attn { b: 8, h: 2, d: 16, s: 64, splits: 2, frange: 4 };
+    vec![
+        zoo::rmsnorm_linear(4, 64, 128, 4, 4, dt).unwrap(),
+        zoo::gated_mlp(4, 64, 128, 4, 4, dt).unwrap(),
+        zoo::lora(4, 64, 128, 8, 4, 4, dt).unwrap(),
+        zoo::attention(gqa, false, dt).unwrap(),
+        zoo::attention(mha, false, dt).unwrap(),
+        zoo::attention(gqa, true, dt).unwrap(),
+        zoo::attention_online(gqa, dt).unwrap(),
+        zoo::ntrans(4, 64, dt).unwrap(),
+    ]
+}
+
+fn accept(p: &Pair, opts: &Options) -> Verdict {
+    let t = Instant::now();
+    let v = equivalent(&p.reference, &p.ugraph, opts).unwrap_or_else(|e| panic!("{}: {e}", p.name));
+    println!("{:<18} {:>8.2} ms  {v:?}", p.name, t.elapsed().as_secs_f64() * 1e3);
+    assert!(v.is_equivalent(), "{}: {v:?}", p.name);
+    v
+}
+
+#[test]
+fn small_shapes_are_accepted() {
+    for dt in [DType::Float16, DType::Bfloat16, DType::Float32] {
+        for p in small_pairs(dt) {
+            let v = accept(&p, &Options::default());
+            let Verdict::Equivalent { lax, false_accept_bound, .. } = &v else { unreachable!() };
+            assert!(*false_accept_bound < 1e-9, "{}: {false_accept_bound}", p.name);
+            let online = p.name == "attention_online";
+            assert_eq!(matches!(lax.fragment, Fragment::Probabilistic { .. }), online, "{}", p.name);
+        }
+    }
+}
+
+#[test]
+fn paper_shapes_are_accepted_quickly() {
+    for p in zoo::paper_workloads(1).unwrap() {
+        accept(&p, &Options { float_check: false, ..Options::default() });
+    }
+}
+
+#[test]
+fn float_check_flags_unsafe_softmax_in_fp16_only() {
+    let gqa = Attn { b: 2, h: 16, d: 64, s: 512, splits: 4, frange: 2 };
+    let plain = zoo::attention(gqa, false, DType::Float16).unwrap();
+    let online = zoo::attention_online(gqa, DType::Float16).unwrap();
+    let v = accept(&plain, &Options::default());
+    assert!(matches!(v, Verdict::Equivalent { numerics: Numerics::Unstable { .. }, .. }), "{v:?}");
+    assert!(!v.is_accepted());
+    let v = accept(&online, &Options::default());
+    assert!(v.is_accepted(), "{v:?}");
+    let v = accept(&zoo::attention(gqa, false, DType::Float32).unwrap(), &Options::default());
+    assert!(v.is_accepted(), "{v:?}");
+}

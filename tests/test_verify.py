@@ -1,0 +1,58 @@
+"""mi.verify: equivalent µGraphs are accepted with their numbers; wrong ones are rejected."""
+
+from __future__ import annotations
+
+import pytest
+
+import mirage as mi
+
+
+def rmsnorm_linear_plain(m: int = 8, k: int = 256, n: int = 128) -> mi.KNGraph:
+    g = mi.new_kernel_graph()
+    X = g.new_input(dims=(m, k), dtype=mi.float16)
+    W = g.new_input(dims=(k, n), dtype=mi.float16)
+    g.mark_output(g.matmul(g.rms_norm(X, normalized_shape=(k,)), W))
+    return g
+
+
+def rmsnorm_linear_fused(
+    m: int = 8, k: int = 256, n: int = 128, acc: str = "rms", omap: tuple = (1, -1, -1)
+) -> mi.KNGraph:
+    g = mi.new_kernel_graph()
+    X = g.new_input(dims=(m, k), dtype=mi.float16)
+    W = g.new_input(dims=(k, n), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=8, reduction_dimx=64)
+    tx = tb.new_input(X, input_map=(-1, -1, -1), forloop_dim=1)
+    tw = tb.new_input(W, input_map=(1, -1, -1), forloop_dim=0)
+    mm = tb.forloop_accum(tb.matmul(tx, tw))
+    rms = tb.forloop_accum(tx, acc)
+    tb.new_output(tb.div(mm, rms), output_map=omap)
+    (Z,) = g.customized([X, W], tb)
+    g.mark_output(Z)
+    return g
+
+
+def test_the_one_kernel_rmsnorm_linear_is_equivalent() -> None:
+    v = mi.verify(rmsnorm_linear_plain(), rmsnorm_linear_fused())
+    assert v.equivalent and v.accepted and bool(v)
+    assert v.trials >= 1 and v.false_accept_bound < 1e-9
+    assert v.fragment == "lax"
+    assert "equivalent" in str(v)
+
+
+@pytest.mark.parametrize("acc", ["mean", "sum"])
+def test_a_wrong_accumulator_is_rejected_with_a_counterexample(acc: str) -> None:
+    v = mi.verify(rmsnorm_linear_plain(), rmsnorm_linear_fused(acc=acc))
+    assert not v.equivalent and not v
+    assert v.counterexample["reference_value"] != v.counterexample["candidate_value"]
+    assert "not equivalent" in str(v)
+
+
+def test_graphs_with_other_inputs_cannot_be_compared() -> None:
+    with pytest.raises(ValueError, match="input"):
+        mi.verify(rmsnorm_linear_plain(k=256), rmsnorm_linear_fused(k=512))
+
+
+def test_verify_needs_kernel_graphs() -> None:
+    with pytest.raises(TypeError, match="kernel graph"):
+        mi.verify(rmsnorm_linear_plain(), "not a graph")  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ fn bench(c: &mut Criterion) {
         ("gated_mlp_8x4096x4096", zoo::gated_mlp(8, 4096, 4096, 64, 32, f16).expect("builds")),
         (
             "gqa_b1",
-            zoo::attention(zoo::Attn { b: 2, h: 256, d: 64, s: 4096, splits: 16, frange: 4 }, false, f16)
+            zoo::attention(zoo::Attn { b: 2, h: 256, d: 64, s: 4096, splits: 16, frange: 4, qsplit: 1 }, false, f16)
                 .expect("builds"),
         ),
     ];

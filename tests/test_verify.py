@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import mirage as mi
+import pytest
 
 
 def rmsnorm_linear_plain(m: int = 8, k: int = 256, n: int = 128) -> mi.KNGraph:

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any, Union
 
-from . import _core
+from . import _core, _cuda
 from ._args import as_dims, as_int
 from ._dtypes import DType, as_dtype, float16
 from ._runtime import InputSpec, build_outputs, prepare_inputs
@@ -282,6 +282,8 @@ class KNGraph:
         every call. Returns the outputs as torch tensors when any input was a torch tensor,
         else as numpy arrays, each in its tensor's dtype and declared layout.
         """
+        if _cuda.wants_cuda(inputs):
+            return _cuda.run(self, list(inputs or []))
         data, as_torch = prepare_inputs(self._input_specs(), inputs)
         core = self._core
         raw = core.run(data)
@@ -297,9 +299,27 @@ class KNGraph:
     def __call__(
         self, inputs: Sequence[Any] | None = None, stream: Any = None, **ignored: Any
     ) -> list[Any]:
-        """``graph(inputs=[...])``: same as :meth:`run`; ``stream`` and other keyword
-        arguments (e.g. ``outputs=``) are accepted and ignored on the CPU."""
+        """``graph(inputs=[...])``: same as :meth:`run`. On CUDA tensors the generated kernels
+        run on ``stream`` (default: torch's current stream; ``save_codes=True`` or a folder
+        writes the generated source); on the CPU ``stream`` and other keyword arguments (e.g.
+        ``outputs=``) are accepted and ignored."""
+        if _cuda.wants_cuda(inputs):
+            return _cuda.run(self, list(inputs or []), stream, ignored.get("save_codes"))
         return self.run(inputs)
+
+    def cuda_source(self, arch: int | None = None) -> str:
+        """The CUDA C++ this graph compiles to for ``sm_{arch}`` (default: the current torch
+        device's architecture, else 90). Self-contained apart from CUDA's own headers."""
+        if arch is None:
+            arch = _cuda.default_arch()
+        return _cuda.cuda_source(self, arch)[0]
+
+    def compile_cuda(self, arch: int | None = None) -> bytes:
+        """Generates and compiles this graph with NVRTC for ``sm_{arch}``; returns the CUBIN.
+        A compile error raises ``RuntimeError`` with NVRTC's log."""
+        if arch is None:
+            arch = _cuda.default_arch()
+        return _cuda.compile_cubin(self, arch)
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{d.dims}:{d.dtype.name}" for d in self.inputs)

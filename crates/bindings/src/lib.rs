@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 
 mod block;
 mod convert;
+mod cuda;
 mod kernel;
 mod verify;
 
@@ -17,6 +18,7 @@ mod verify;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernel::KernelGraph>()?;
     m.add_class::<block::BlockGraph>()?;
+    cuda::register(m)?;
     verify::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

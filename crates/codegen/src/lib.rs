@@ -1,1 +1,38 @@
-//! codegen: in progress.
+//! CUDA code generation for µGraphs, compiled with NVRTC and launched through the driver API.
+//!
+//! * [`generate`] lowers a kernel graph to a [`Program`]: CUDA C++ source with one
+//!   `__global__` per customized op (block-graph semantics of `mirage_ugraph::block`: input
+//!   iterators, tile ops, fp32 accumulators, post-loop ops, output savers) and default kernels
+//!   for predefined ops (matmul, element-wise with broadcasting, reduction, rms_norm with
+//!   weight, softmax); the runtime header (`runtime/mirage_runtime.cuh`) is inlined.
+//! * [`nvrtc::compile`] compiles a source to a CUBIN for an exact `sm_XX`, with an in-memory
+//!   and on-disk cache; a missing NVRTC is an error, never a panic.
+//! * [`Executable`] loads a program on a device and launches it on raw device pointers on a
+//!   caller's stream (PyTorch tensors and streams from the Python package).
+//!
+//! ```
+//! use mirage_codegen::{generate, Options};
+//! use mirage_ugraph::{DType, KernelGraph};
+//! let mut g = KernelGraph::new();
+//! let x = g.new_input(&[8, 64], DType::Float16, None).unwrap();
+//! let y = g.softmax(x, -1).unwrap();
+//! g.mark_output(y, None).unwrap();
+//! let p = generate(&g, &Options::for_arch(90)).unwrap();
+//! assert_eq!(p.kernels.len(), 1);
+//! assert!(p.source.contains("extern \"C\" __global__"));
+//! ```
+
+mod block_kernel;
+mod default_kernels;
+pub mod driver;
+mod emit;
+pub mod error;
+pub mod exec;
+pub mod generate;
+pub mod nvrtc;
+pub mod program;
+
+pub use error::{Error, Result};
+pub use exec::Executable;
+pub use generate::{generate, Options, RUNTIME_HEADER};
+pub use program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};

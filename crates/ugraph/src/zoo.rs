@@ -110,7 +110,8 @@ pub fn lora(m: usize, k: usize, n: usize, rank: usize, grid: usize, frange: usiz
 }
 
 /// Shape and schedule of an attention workload: Q `[b, h, d]`, K `[b, d, s]`, V `[b, s, d]`;
-/// kernel 1 splits the keys over `splits` blocks per batch and loops `frange` times in each.
+/// kernel 1 splits the keys over `splits` blocks per batch and loops `frange` times in each;
+/// both kernels split the query rows over `qsplit` blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attn {
     /// Batch (times KV heads).
@@ -125,6 +126,8 @@ pub struct Attn {
     pub splits: usize,
     /// Loop iterations per block.
     pub frange: usize,
+    /// Query-row splits across blocks (keeps a block's tiles in shared memory when `h` is large).
+    pub qsplit: usize,
 }
 
 /// Attention `softmax(Q K) V` with Q `[b, h, d]`, K `[b, d, s]`, V `[b, s, d]` (GQA, MHA, MQA
@@ -133,7 +136,7 @@ pub struct Attn {
 /// loops over them, accumulating `exp(QK) V` and `sum exp(QK)`; kernel 2 sums the partials
 /// (`sum_todimx` / `sum`) and divides.
 pub fn attention(a: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
-    let Attn { b, h, d, s, splits, frange } = a;
+    let Attn { b, h, d, s, splits, frange, qsplit } = a;
     let shapes: [&[usize]; 3] = [&[b, h, d], &[b, d, s], &[b, s, d]];
     let mut r = KernelGraph::new();
     let v = inputs(&mut r, &shapes, dt)?;
@@ -145,8 +148,8 @@ pub fn attention(a: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
 
     let mut g = KernelGraph::new();
     let v = inputs(&mut g, &shapes, dt)?;
-    let mut k1 = BlockGraph::new([b, splits, 1], BLOCK, frange, d)?;
-    let tq = k1.new_input(shapes[0], dt, [0, -1, -1], -1)?;
+    let mut k1 = BlockGraph::new([b, splits, qsplit], BLOCK, frange, d)?;
+    let tq = k1.new_input(shapes[0], dt, [0, -1, 1], -1)?;
     let tk = k1.new_input(shapes[1], dt, [0, 2, -1], 2)?;
     let tv = k1.new_input(shapes[2], dt, [0, 1, -1], 1)?;
     let (tq, tv) = if qknorm { (k1.rms_norm(tq)?, k1.rms_norm(tv)?) } else { (tq, tv) };
@@ -155,17 +158,17 @@ pub fn attention(a: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
     let ev = k1.matmul(e, tv)?;
     let acc_o = k1.forloop_accum(ev, Accum::None)?;
     let acc_l = k1.forloop_accum(e, Accum::Sum)?;
-    k1.new_output(acc_o, [0, 2, -1], -1)?;
-    k1.new_output(acc_l, [0, 2, -1], -1)?;
+    k1.new_output(acc_o, [0, 2, 1], -1)?;
+    k1.new_output(acc_l, [0, 2, 1], -1)?;
     let part = g.customized(&v, k1)?;
 
-    let mut k2 = BlockGraph::new([b, 1, 1], BLOCK, 1, d)?;
-    let po = k2.new_input(&[b, h, d * splits], dt, [0, -1, -1], -1)?;
-    let pl = k2.new_input(&[b, h, splits], dt, [0, -1, -1], -1)?;
+    let mut k2 = BlockGraph::new([b, qsplit, 1], BLOCK, 1, d)?;
+    let po = k2.new_input(&[b, h, d * splits], dt, [0, 1, -1], -1)?;
+    let pl = k2.new_input(&[b, h, splits], dt, [0, 1, -1], -1)?;
     let so = k2.forloop_accum(po, Accum::SumToDimx)?;
     let sl = k2.forloop_accum(pl, Accum::Sum)?;
     let out = k2.binary(BinaryOp::Div, so, sl)?;
-    k2.new_output(out, [0, -1, -1], -1)?;
+    k2.new_output(out, [0, 1, -1], -1)?;
     let o = g.customized(&part, k2)?;
     g.mark_output(o[0], None)?;
     let name = if qknorm { "qknorm_attention" } else { "attention" };
@@ -176,13 +179,13 @@ pub fn attention(a: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
 /// max with `reduction_max` and rescales its accumulators; kernel 2 merges the splits by their
 /// maxima the same way.
 pub fn attention_online(a: Attn, dt: DType) -> Result<Pair> {
-    let Attn { b, h, d, s, splits, frange } = a;
+    let Attn { b, h, d, s, splits, frange, qsplit } = a;
     let mut pair = attention(a, false, dt)?;
     let shapes: [&[usize]; 3] = [&[b, h, d], &[b, d, s], &[b, s, d]];
     let mut g = KernelGraph::new();
     let v = inputs(&mut g, &shapes, dt)?;
-    let mut k1 = BlockGraph::new([b, splits, 1], BLOCK, frange, d)?;
-    let tq = k1.new_input(shapes[0], dt, [0, -1, -1], -1)?;
+    let mut k1 = BlockGraph::new([b, splits, qsplit], BLOCK, frange, d)?;
+    let tq = k1.new_input(shapes[0], dt, [0, -1, 1], -1)?;
     let tk = k1.new_input(shapes[1], dt, [0, 2, -1], 2)?;
     let tv = k1.new_input(shapes[2], dt, [0, 1, -1], 1)?;
     let a = k1.matmul(tq, tk)?;
@@ -194,16 +197,16 @@ pub fn attention_online(a: Attn, dt: DType) -> Result<Pair> {
     let acc_o = k1.forloop_accum_rescale(ev, scale, Accum::None)?;
     let acc_l = k1.forloop_accum_rescale(e, scale, Accum::Sum)?;
     let acc_m = k1.forloop_accum_max(mx)?;
-    k1.new_output(acc_o, [0, 2, -1], -1)?;
-    k1.new_output(acc_l, [0, 2, -1], -1)?;
-    k1.new_output(acc_m, [0, 2, -1], -1)?;
+    k1.new_output(acc_o, [0, 2, 1], -1)?;
+    k1.new_output(acc_l, [0, 2, 1], -1)?;
+    k1.new_output(acc_m, [0, 2, 1], -1)?;
     let part = g.customized(&v, k1)?;
 
     // Kernel 2 loops over the splits, merging (o, l) weighted by exp(m_split - running max).
-    let mut k2 = BlockGraph::new([b, 1, 1], BLOCK, splits, d)?;
-    let po = k2.new_input(&[b, h, d * splits], dt, [0, -1, -1], 2)?;
-    let pl = k2.new_input(&[b, h, splits], dt, [0, -1, -1], 2)?;
-    let pm = k2.new_input(&[b, h, splits], dt, [0, -1, -1], 2)?;
+    let mut k2 = BlockGraph::new([b, qsplit, 1], BLOCK, splits, d)?;
+    let po = k2.new_input(&[b, h, d * splits], dt, [0, 1, -1], 2)?;
+    let pl = k2.new_input(&[b, h, splits], dt, [0, 1, -1], 2)?;
+    let pm = k2.new_input(&[b, h, splits], dt, [0, 1, -1], 2)?;
     let (mx, diff) = k2.reduction_max(pm, 2)?;
     let dm = k2.binary(BinaryOp::Sub, pm, mx)?;
     let w = k2.unary(UnaryOp::Exp, dm)?;
@@ -213,7 +216,7 @@ pub fn attention_online(a: Attn, dt: DType) -> Result<Pair> {
     let so = k2.forloop_accum_rescale(ow, scale, Accum::None)?;
     let sl = k2.forloop_accum_rescale(lw, scale, Accum::None)?;
     let out = k2.binary(BinaryOp::Div, so, sl)?;
-    k2.new_output(out, [0, -1, -1], -1)?;
+    k2.new_output(out, [0, 1, -1], -1)?;
     let o = g.customized(&part, k2)?;
     g.mark_output(o[0], None)?;
     pair.ugraph = g;
@@ -258,10 +261,19 @@ pub fn paper_workloads(b: usize) -> Result<Vec<Pair>> {
         p
     };
     Ok(vec![
-        named(attention(Attn { b: 2 * b, h: 256, d: 64, s: 4096, splits: 16, frange: 4 }, false, dt)?, "gqa"),
-        named(attention(Attn { b: 2 * b, h: 256, d: 64, s: 4096, splits: 16, frange: 4 }, true, dt)?, "qknorm_gqa"),
-        named(attention(Attn { b: 32 * b, h: 16, d: 64, s: 4096, splits: 16, frange: 4 }, false, dt)?, "mha"),
-        named(attention(Attn { b, h: 1024, d: 64, s: 4096, splits: 16, frange: 4 }, false, dt)?, "mqa"),
+        named(
+            attention(Attn { b: 2 * b, h: 256, d: 64, s: 4096, splits: 16, frange: 4, qsplit: 2 }, false, dt)?,
+            "gqa",
+        ),
+        named(
+            attention(Attn { b: 2 * b, h: 256, d: 64, s: 4096, splits: 16, frange: 4, qsplit: 2 }, true, dt)?,
+            "qknorm_gqa",
+        ),
+        named(
+            attention(Attn { b: 32 * b, h: 16, d: 64, s: 4096, splits: 16, frange: 4, qsplit: 1 }, false, dt)?,
+            "mha",
+        ),
+        named(attention(Attn { b, h: 1024, d: 64, s: 4096, splits: 16, frange: 4, qsplit: 8 }, false, dt)?, "mqa"),
         rmsnorm_linear(2 * b, 4096, 4096, 64, 64, dt)?,
         lora(b, 256, 4096, 16, 64, 4, dt)?,
         gated_mlp(b, 4096, 4096, 64, 32, dt)?,

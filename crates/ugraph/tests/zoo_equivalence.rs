@@ -41,7 +41,7 @@ fn check(p: zoo::Pair) {
 }
 
 const F: DType = DType::Float32;
-const SMALL_ATTN: zoo::Attn = zoo::Attn { b: 2, h: 8, d: 16, s: 256, splits: 4, frange: 4 };
+const SMALL_ATTN: zoo::Attn = zoo::Attn { b: 2, h: 8, d: 16, s: 256, splits: 4, frange: 4, qsplit: 2 };
 
 #[test]
 fn rmsnorm_linear_one_kernel() {

@@ -401,11 +401,13 @@ mod tests {
         // rms_norm(X) @ W: (x / r) * w summed over k = 16 terms with denominator degree 1.
         assert_eq!(r.degree, 2 + 15 + 16);
         assert_eq!(c.degree, 3);
-        let a = zoo::attention(zoo::Attn { b: 2, h: 4, d: 8, s: 32, splits: 2, frange: 2 }, false, dt).unwrap();
+        let a =
+            zoo::attention(zoo::Attn { b: 2, h: 4, d: 8, s: 32, splits: 2, frange: 2, qsplit: 1 }, false, dt).unwrap();
         let (r, c) = (analyze(&a.reference), analyze(&a.ugraph));
         assert_eq!((r.fragment.clone(), c.fragment.clone()), (Fragment::Lax, Fragment::Lax));
         assert_eq!((r.exp_ops, c.exp_ops, r.max_exps_on_path), (1, 1, 1));
-        let o = zoo::attention_online(zoo::Attn { b: 2, h: 4, d: 8, s: 32, splits: 2, frange: 2 }, dt).unwrap();
+        let o =
+            zoo::attention_online(zoo::Attn { b: 2, h: 4, d: 8, s: 32, splits: 2, frange: 2, qsplit: 1 }, dt).unwrap();
         let c = analyze(&o.ugraph);
         assert!(matches!(c.fragment, Fragment::Probabilistic { .. }), "{:?}", c.fragment);
         assert_eq!(c.max_exps_on_path, 1);

@@ -7,8 +7,8 @@ use mirage_ugraph::DType;
 use mirage_verify::{equivalent, Fragment, Numerics, Options, Verdict};
 
 fn small_pairs(dt: DType) -> Vec<Pair> {
-    let gqa = Attn { b: 2, h: 8, d: 16, s: 64, splits: 4, frange: 2 };
-    let mha = Attn { b: 8, h: 2, d: 16, s: 64, splits: 2, frange: 4 };
+    let gqa = Attn { b: 2, h: 8, d: 16, s: 64, splits: 4, frange: 2, qsplit: 1 };
+    let mha = Attn { b: 8, h: 2, d: 16, s: 64, splits: 2, frange: 4, qsplit: 1 };
     vec![
         zoo::rmsnorm_linear(4, 64, 128, 4, 4, dt).unwrap(),
         zoo::gated_mlp(4, 64, 128, 4, 4, dt).unwrap(),
@@ -51,7 +51,7 @@ fn paper_shapes_are_accepted_quickly() {
 
 #[test]
 fn float_check_flags_unsafe_softmax_in_fp16_only() {
-    let gqa = Attn { b: 2, h: 16, d: 64, s: 512, splits: 4, frange: 2 };
+    let gqa = Attn { b: 2, h: 16, d: 64, s: 512, splits: 4, frange: 2, qsplit: 1 };
     let plain = zoo::attention(gqa, false, DType::Float16).unwrap();
     let online = zoo::attention_online(gqa, DType::Float16).unwrap();
     let v = accept(&plain, &Options::default());

@@ -146,7 +146,7 @@ fn ugraph(name: &str, s: (usize, usize, usize), dt: DType) -> KernelGraph {
         "attention" => {
             let splits = pick(&[1, 2, 4], s.2);
             let frange = pick(&[1, 2, 4, 8], s.1).min(32 / splits);
-            let a = Attn { b: 2, h: 4, d: 8, s: 32, splits, frange };
+            let a = Attn { b: 2, h: 4, d: 8, s: 32, splits, frange, qsplit: 1 };
             if s.0.is_multiple_of(2) {
                 zoo::attention(a, false, dt)
             } else {

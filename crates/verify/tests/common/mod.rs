@@ -10,10 +10,10 @@ use mirage_verify::inputs::NormalInputs;
 /// Small-shape zoo pairs, several schedules per workload.
 pub fn small_pairs() -> Vec<Pair> {
     let dt = DType::Float32;
-    let gqa = Attn { b: 2, h: 4, d: 8, s: 64, splits: 4, frange: 2 };
-    let mha = Attn { b: 4, h: 2, d: 8, s: 32, splits: 2, frange: 4 };
-    let mqa = Attn { b: 1, h: 8, d: 16, s: 64, splits: 2, frange: 2 };
-    let small = Attn { b: 2, h: 2, d: 4, s: 16, splits: 2, frange: 2 };
+    let gqa = Attn { b: 2, h: 4, d: 8, s: 64, splits: 4, frange: 2, qsplit: 1 };
+    let mha = Attn { b: 4, h: 2, d: 8, s: 32, splits: 2, frange: 4, qsplit: 1 };
+    let mqa = Attn { b: 1, h: 8, d: 16, s: 64, splits: 2, frange: 2, qsplit: 1 };
+    let small = Attn { b: 2, h: 2, d: 4, s: 16, splits: 2, frange: 2, qsplit: 1 };
     vec![
         zoo::rmsnorm_linear(4, 32, 64, 4, 4, dt).unwrap(),
         zoo::rmsnorm_linear(2, 64, 32, 2, 8, dt).unwrap(),

@@ -1,0 +1,217 @@
+//! `mirage._core` CUDA glue: code generation, NVRTC compilation, loaded executables launched
+//! on raw device pointers, and the zoo's graphs as JSON (for tests and benchmarks).
+//!
+//! Errors: shape/graph errors raise `ValueError`; everything about NVRTC, the driver, shared
+//! memory or launches raises `RuntimeError` with the full message (a compile error carries
+//! NVRTC's log). Long work (compilation, module loads) runs with the GIL released.
+
+use std::path::PathBuf;
+
+use mirage::codegen::{generate, nvrtc, Error, Executable, Options, Program};
+use mirage::zoo::{self, Attn};
+use mirage::DType;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::convert::parse_dtype;
+use crate::kernel::KernelGraph;
+
+fn to_py(e: Error) -> PyErr {
+    match e {
+        Error::Graph(_) | Error::Unsupported(_) => PyValueError::new_err(e.to_string()),
+        _ => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+/// Adds NVRTC library paths (files or folders) and CUDA include folders to the search.
+#[pyfunction]
+fn cuda_configure(lib_paths: Vec<String>, include_dirs: Vec<String>) {
+    let l: Vec<PathBuf> = lib_paths.into_iter().map(PathBuf::from).collect();
+    let i: Vec<PathBuf> = include_dirs.into_iter().map(PathBuf::from).collect();
+    nvrtc::configure(&l, &i);
+}
+
+/// `(major, minor, library path or None, include dirs)` of the NVRTC in use; raises
+/// `RuntimeError` with the reason when NVRTC cannot be loaded.
+#[pyfunction]
+fn nvrtc_info() -> PyResult<(i32, i32, Option<String>, Vec<String>)> {
+    let i = nvrtc::info().map_err(to_py)?;
+    Ok((
+        i.version.0,
+        i.version.1,
+        i.library.map(|p| p.display().to_string()),
+        i.include_dirs.iter().map(|p| p.display().to_string()).collect(),
+    ))
+}
+
+/// Generates the CUDA program of `graph` for `sm_{arch}`: `(source, launch summary JSON)`.
+#[pyfunction]
+fn cuda_generate(py: Python<'_>, graph: PyRef<'_, KernelGraph>, arch: u32) -> PyResult<(String, String)> {
+    let g = graph.inner.clone();
+    let p: Program = py.detach(|| generate(&g, &Options::for_arch(arch))).map_err(to_py)?;
+    let summary = p.launch_summary();
+    Ok((p.source, summary))
+}
+
+/// Generates and compiles `graph` for `sm_{arch}` with NVRTC; returns the CUBIN.
+#[pyfunction]
+fn cuda_compile<'py>(py: Python<'py>, graph: PyRef<'_, KernelGraph>, arch: u32) -> PyResult<Bound<'py, PyBytes>> {
+    let g = graph.inner.clone();
+    let cubin = py
+        .detach(|| -> mirage::codegen::Result<_> {
+            let p = generate(&g, &Options::for_arch(arch))?;
+            nvrtc::compile(&p.source, arch)
+        })
+        .map_err(to_py)?;
+    Ok(PyBytes::new(py, &cubin))
+}
+
+/// Compiles a CUDA source for `sm_{arch}` with NVRTC; returns the CUBIN.
+#[pyfunction]
+fn nvrtc_compile<'py>(py: Python<'py>, source: String, arch: u32) -> PyResult<Bound<'py, PyBytes>> {
+    let cubin = py.detach(|| nvrtc::compile(&source, arch)).map_err(to_py)?;
+    Ok(PyBytes::new(py, &cubin))
+}
+
+/// A kernel graph compiled for and loaded on one CUDA device.
+#[pyclass(module = "mirage._core")]
+pub struct CudaExecutable {
+    inner: Executable,
+}
+
+#[pymethods]
+impl CudaExecutable {
+    /// Generates (for the device's arch and shared-memory limit), compiles (cached) and loads.
+    #[new]
+    fn new(py: Python<'_>, graph: PyRef<'_, KernelGraph>, device: i32) -> PyResult<Self> {
+        let g = graph.inner.clone();
+        let inner = py.detach(|| Executable::new(&g, device)).map_err(to_py)?;
+        Ok(CudaExecutable { inner })
+    }
+
+    /// Launches every kernel on `stream` (raw `cudaStream_t`, 0 = default stream).
+    ///
+    /// The caller (the Python package) guarantees that every pointer is a live allocation on
+    /// this device with the dims, dtype and strides of `input_specs` / `output_specs`, and
+    /// that `workspace` holds `workspace_bytes` bytes.
+    fn launch(&self, inputs: Vec<u64>, outputs: Vec<u64>, workspace: u64, stream: u64) -> PyResult<()> {
+        // SAFETY: the Python wrapper checks device, dtype, shape and strides of every tensor
+        // and allocates the outputs and the workspace itself (see python/mirage/_cuda.py).
+        unsafe { self.inner.launch(&inputs, &outputs, workspace, stream) }.map_err(to_py)
+    }
+
+    /// Bytes of device workspace a launch needs.
+    #[getter]
+    fn workspace_bytes(&self) -> usize {
+        self.inner.program().workspace_bytes
+    }
+
+    /// The device's architecture (`major * 10 + minor`).
+    #[getter]
+    fn arch(&self) -> u32 {
+        self.inner.program().arch
+    }
+
+    /// The device ordinal.
+    #[getter]
+    fn device(&self) -> i32 {
+        self.inner.device().ordinal
+    }
+
+    /// The generated CUDA source.
+    #[getter]
+    fn source(&self) -> String {
+        self.inner.program().source.clone()
+    }
+
+    /// The launches as JSON (names, grids, shared memory, arguments).
+    #[getter]
+    fn summary(&self) -> String {
+        self.inner.program().launch_summary()
+    }
+
+    /// `(dims, strides, dtype name)` of every input, in order.
+    #[getter]
+    fn input_specs(&self) -> Vec<(Vec<usize>, Vec<usize>, &'static str)> {
+        self.inner.program().inputs.iter().map(|t| (t.dims.clone(), t.strides.clone(), t.dtype.name())).collect()
+    }
+
+    /// `(dims, strides, dtype name)` of every output, in order.
+    #[getter]
+    fn output_specs(&self) -> Vec<(Vec<usize>, Vec<usize>, &'static str)> {
+        self.inner.program().outputs.iter().map(|t| (t.dims.clone(), t.strides.clone(), t.dtype.name())).collect()
+    }
+
+    fn __repr__(&self) -> String {
+        let p = self.inner.program();
+        format!("CudaExecutable(sm_{}, {} kernel(s), device {})", p.arch, p.kernels.len(), self.inner.device().ordinal)
+    }
+}
+
+fn attn(p: &[usize]) -> PyResult<Attn> {
+    match *p {
+        [b, h, d, s, splits, frange] => Ok(Attn { b, h, d, s, splits, frange, qsplit: 1 }),
+        [b, h, d, s, splits, frange, qsplit] => Ok(Attn { b, h, d, s, splits, frange, qsplit }),
+        _ => Err(PyValueError::new_err(
+            "attention params: [b, h, d, s, splits, frange] or [b, h, d, s, splits, frange, qsplit]",
+        )),
+    }
+}
+
+/// `(reference JSON, µGraph JSON)` of a zoo workload: `rmsnorm_linear` / `gated_mlp`
+/// `[m, k, n, grid, frange]`, `lora` `[m, k, n, rank, grid, frange]`, `attention` /
+/// `qknorm_attention` / `attention_online` `[b, h, d, s, splits, frange]`, `ntrans` `[b, n]`.
+#[pyfunction]
+fn zoo_json(name: &str, dtype: &str, params: Vec<usize>) -> PyResult<(String, String)> {
+    let dt: DType = parse_dtype("zoo_json", dtype)?;
+    let p = &params;
+    let bad = || PyValueError::new_err(format!("zoo_json: wrong parameter count {} for {name}", p.len()));
+    let pair = match name {
+        "rmsnorm_linear" | "gated_mlp" => {
+            let [m, k, n, grid, fr] = p[..] else { return Err(bad()) };
+            if name == "gated_mlp" {
+                zoo::gated_mlp(m, k, n, grid, fr, dt)
+            } else {
+                zoo::rmsnorm_linear(m, k, n, grid, fr, dt)
+            }
+        }
+        "lora" => {
+            let [m, k, n, r, grid, fr] = p[..] else { return Err(bad()) };
+            zoo::lora(m, k, n, r, grid, fr, dt)
+        }
+        "attention" => zoo::attention(attn(p)?, false, dt),
+        "qknorm_attention" => zoo::attention(attn(p)?, true, dt),
+        "attention_online" => zoo::attention_online(attn(p)?, dt),
+        "ntrans" => {
+            let [b, n] = p[..] else { return Err(bad()) };
+            zoo::ntrans(b, n, dt)
+        }
+        _ => return Err(PyValueError::new_err(format!("zoo_json: unknown workload {name:?}"))),
+    }
+    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((mirage::json::to_json(&pair.reference), mirage::json::to_json(&pair.ugraph)))
+}
+
+/// `[(name, reference JSON, µGraph JSON)]` of every workload at the paper's shapes for batch `b`.
+#[pyfunction]
+fn zoo_paper_workloads(b: usize) -> PyResult<Vec<(String, String, String)>> {
+    let pairs = zoo::paper_workloads(b).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(pairs
+        .into_iter()
+        .map(|p| (p.name, mirage::json::to_json(&p.reference), mirage::json::to_json(&p.ugraph)))
+        .collect())
+}
+
+/// Registers the CUDA functions and classes on the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CudaExecutable>()?;
+    m.add_function(wrap_pyfunction!(cuda_configure, m)?)?;
+    m.add_function(wrap_pyfunction!(nvrtc_info, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_generate, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_compile, m)?)?;
+    m.add_function(wrap_pyfunction!(nvrtc_compile, m)?)?;
+    m.add_function(wrap_pyfunction!(zoo_json, m)?)?;
+    m.add_function(wrap_pyfunction!(zoo_paper_workloads, m)?)?;
+    Ok(())
+}

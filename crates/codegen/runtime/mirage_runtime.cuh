@@ -1,0 +1,268 @@
+// mirage runtime: device helpers shared by every generated kernel (element-wise ops, dtype
+// conversion, block- and warp-level reductions, the tile matmul). Embedded in the generated
+// source by mirage-codegen; every function is header-only and templated on compile-time
+// sizes so that tile shapes are constants for the compiler.
+//
+// Conventions: tiles live in shared memory, row-major, in their storage type (__half,
+// __nv_bfloat16 or float); arithmetic is in fp32; NT is the block's thread count.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace mi {
+
+typedef __half f16;
+typedef __nv_bfloat16 bf16;
+
+template <class A, class B> struct same_type { static constexpr bool value = false; };
+template <class A> struct same_type<A, A> { static constexpr bool value = true; };
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// ------------------------------------------------------------------ threads
+__device__ __forceinline__ int lin_tid() {
+  return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+}
+
+// --------------------------------------------------------------- conversion
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(f16 x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ f16 from_f32<f16>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// --------------------------------------------------------- element-wise ops
+// Accurate (not fast-math) fp32 versions: they match the interpreter's f32 semantics.
+__device__ __forceinline__ float op_exp(float x) { return expf(x); }
+__device__ __forceinline__ float op_silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float op_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f)); }
+__device__ __forceinline__ float op_relu(float x) { return x > 0.0f ? x : 0.0f; }
+__device__ __forceinline__ float op_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ float op_square(float x) { return x * x; }
+__device__ __forceinline__ float op_clamp(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
+__device__ __forceinline__ float op_add(float a, float b) { return a + b; }
+__device__ __forceinline__ float op_sub(float a, float b) { return a - b; }
+__device__ __forceinline__ float op_mul(float a, float b) { return a * b; }
+__device__ __forceinline__ float op_div(float a, float b) { return a / b; }
+__device__ __forceinline__ float op_pow(float a, float b) { return powf(a, b); }
+__device__ __forceinline__ float op_max(float a, float b) { return fmaxf(a, b); }
+
+// --------------------------------------------------------------- reductions
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum; every thread gets the result. `scratch` holds 32 floats of shared memory.
+// Contains barriers: call from every thread of the block.
+template <int NT>
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  static_assert(NT % 32 == 0, "block_sum needs whole warps");
+  constexpr int NW = NT / 32;
+  const int t = lin_tid();
+  v = warp_sum(v);
+  __syncthreads();
+  if ((t & 31) == 0) scratch[t >> 5] = v;
+  __syncthreads();
+  float r = 0.0f;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) r += scratch[w];
+  return r;
+}
+
+// Block-wide max; every thread gets the result. Same contract as block_sum.
+template <int NT>
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  static_assert(NT % 32 == 0, "block_max needs whole warps");
+  constexpr int NW = NT / 32;
+  const int t = lin_tid();
+  v = warp_max(v);
+  __syncthreads();
+  if ((t & 31) == 0) scratch[t >> 5] = v;
+  __syncthreads();
+  float r = neg_inf();
+#pragma unroll
+  for (int w = 0; w < NW; ++w) r = fmaxf(r, scratch[w]);
+  return r;
+}
+
+// Reduces a [OUTER, LEN, INNER] index space over LEN by the whole block.
+// load(i) returns element i (row-major over [OUTER, LEN, INNER]) as float;
+// store(o, v) receives output o (row-major over [OUTER, INNER]). IS_MAX picks max over sum.
+// A warp per output when the reduced length is long, a thread per output otherwise.
+template <int NT, int OUTER, int LEN, int INNER, bool IS_MAX, class Load, class Store>
+__device__ __forceinline__ void reduce(Load load, Store store) {
+  constexpr int NOUT = OUTER * INNER;
+  const int t = lin_tid();
+  if constexpr (NT % 32 == 0 && LEN >= 32) {
+    constexpr int NW = NT / 32;
+    const int lane = t & 31;
+    for (int o = t >> 5; o < NOUT; o += NW) {
+      const int oo = o / INNER, ii = o - (o / INNER) * INNER;
+      const int base = oo * LEN * INNER + ii;
+      float acc = IS_MAX ? neg_inf() : 0.0f;
+      for (int l = lane; l < LEN; l += 32) {
+        const float x = load(base + l * INNER);
+        acc = IS_MAX ? fmaxf(acc, x) : acc + x;
+      }
+      acc = IS_MAX ? warp_max(acc) : warp_sum(acc);
+      if (lane == 0) store(o, acc);
+    }
+  } else {
+    for (int o = t; o < NOUT; o += NT) {
+      const int oo = o / INNER, ii = o - (o / INNER) * INNER;
+      const int base = oo * LEN * INNER + ii;
+      float acc = load(base);
+      for (int l = 1; l < LEN; ++l) {
+        const float x = load(base + l * INNER);
+        acc = IS_MAX ? fmaxf(acc, x) : acc + x;
+      }
+      store(o, acc);
+    }
+  }
+}
+
+// RMS normalisation of ROWS rows of length LEN: store(i, x_i / sqrt(mean(x^2))) for every
+// element i (row-major over [ROWS, LEN]); load(i) returns element i as float.
+template <int NT, int ROWS, int LEN, class Load, class Store>
+__device__ __forceinline__ void rms_norm_rows(Load load, Store store) {
+  const int t = lin_tid();
+  if constexpr (NT % 32 == 0 && LEN >= 32) {
+    constexpr int NW = NT / 32;
+    const int lane = t & 31;
+    for (int r = t >> 5; r < ROWS; r += NW) {
+      float ss = 0.0f;
+      for (int l = lane; l < LEN; l += 32) {
+        const float x = load(r * LEN + l);
+        ss += x * x;
+      }
+      const float rms = sqrtf(warp_sum(ss) / (float)LEN);
+      for (int l = lane; l < LEN; l += 32) store(r * LEN + l, load(r * LEN + l) / rms);
+    }
+  } else {
+    for (int r = t; r < ROWS; r += NT) {
+      float ss = 0.0f;
+      for (int l = 0; l < LEN; ++l) {
+        const float x = load(r * LEN + l);
+        ss += x * x;
+      }
+      const float rms = sqrtf(ss / (float)LEN);
+      for (int l = 0; l < LEN; ++l) store(r * LEN + l, load(r * LEN + l) / rms);
+    }
+  }
+}
+
+// -------------------------------------------------------------- tile matmul
+// C[b][m][n] = sum_k A[b][m][k] * B[b][k][n] over BATCH x M x N x K tiles in shared memory
+// (row-major, storage types TA and TB), accumulated in fp32. The result of output element
+// (b, m, n) is handed to epi(c, v) with c = (b * M + m) * N + n, exactly once, by one thread:
+// the epilogue stores, accumulates or rescales as the caller needs.
+//
+// This is the swap point for faster tile matmuls (ldmatrix, swizzled layouts, wgmma): callers
+// only rely on the contract above.
+template <typename T> struct is_16bit { static constexpr bool value = false; };
+template <> struct is_16bit<f16> { static constexpr bool value = true; };
+template <> struct is_16bit<bf16> { static constexpr bool value = true; };
+
+__device__ __forceinline__ unsigned short bits16(f16 x) { return __half_as_ushort(x); }
+__device__ __forceinline__ unsigned short bits16(bf16 x) { return __bfloat16_as_ushort(x); }
+
+template <typename T>
+__device__ __forceinline__ unsigned pack2(const T* p, bool ok0, bool ok1, int i0, int i1) {
+  const unsigned lo = ok0 ? (unsigned)bits16(p[i0]) : 0u;
+  const unsigned hi = ok1 ? (unsigned)bits16(p[i1]) : 0u;
+  return lo | (hi << 16);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const unsigned* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (same_type<T, f16>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#endif
+}
+
+// Tensor-core path: one warp per 16x8 output fragment, m16n8k16 with fp32 accumulators.
+// Operands are read element-wise from shared memory with bounds predicates (zero padding),
+// so any M, N, K work.
+template <int NT, int BATCH, int M, int N, int K, typename T, class Epi>
+__device__ __forceinline__ void matmul_mma(const T* A, const T* B, Epi epi) {
+  constexpr int NW = NT / 32;
+  constexpr int MT = (M + 15) / 16, NTL = (N + 7) / 8;
+  const int t = lin_tid();
+  const int warp = t >> 5, lane = t & 31;
+  const int g = lane >> 2, q = lane & 3;
+  for (int f = warp; f < BATCH * MT * NTL; f += NW) {
+    const int b = f / (MT * NTL);
+    const int mt = (f / NTL) % MT, nt = f % NTL;
+    const T* Ab = A + b * M * K;
+    const T* Bb = B + b * K * N;
+    const int r0 = mt * 16 + g, r1 = r0 + 8;
+    const int col = nt * 8 + g;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      const int ka = k0 + q * 2, kb = ka + 8;
+      unsigned a[4], bb[2];
+      a[0] = pack2(Ab, r0 < M && ka < K, r0 < M && ka + 1 < K, r0 * K + ka, r0 * K + ka + 1);
+      a[1] = pack2(Ab, r1 < M && ka < K, r1 < M && ka + 1 < K, r1 * K + ka, r1 * K + ka + 1);
+      a[2] = pack2(Ab, r0 < M && kb < K, r0 < M && kb + 1 < K, r0 * K + kb, r0 * K + kb + 1);
+      a[3] = pack2(Ab, r1 < M && kb < K, r1 < M && kb + 1 < K, r1 * K + kb, r1 * K + kb + 1);
+      bb[0] = pack2(Bb, col < N && ka < K, col < N && ka + 1 < K, ka * N + col, (ka + 1) * N + col);
+      bb[1] = pack2(Bb, col < N && kb < K, col < N && kb + 1 < K, kb * N + col, (kb + 1) * N + col);
+      mma_16816<T>(d, a, bb);
+    }
+    const int c0 = nt * 8 + q * 2;
+    if (r0 < M && c0 < N) epi((b * M + r0) * N + c0, d[0]);
+    if (r0 < M && c0 + 1 < N) epi((b * M + r0) * N + c0 + 1, d[1]);
+    if (r1 < M && c0 < N) epi((b * M + r1) * N + c0, d[2]);
+    if (r1 < M && c0 + 1 < N) epi((b * M + r1) * N + c0 + 1, d[3]);
+  }
+}
+
+// CUDA-core path: a thread per output element, fp32 fused multiply-adds.
+template <int NT, int BATCH, int M, int N, int K, typename TA, typename TB, class Epi>
+__device__ __forceinline__ void matmul_simt(const TA* A, const TB* B, Epi epi) {
+  for (int c = lin_tid(); c < BATCH * M * N; c += NT) {
+    const int b = c / (M * N);
+    const int m = (c / N) % M, n = c % N;
+    const TA* a = A + (b * M + m) * K;
+    const TB* bp = B + b * K * N + n;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) acc = fmaf(to_f32(a[k]), to_f32(bp[k * N]), acc);
+    epi(c, acc);
+  }
+}
+
+template <int NT, int BATCH, int M, int N, int K, typename TA, typename TB, class Epi>
+__device__ __forceinline__ void matmul_tile(const TA* A, const TB* B, Epi epi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (NT % 32 == 0 && same_type<TA, TB>::value && is_16bit<TA>::value) {
+    matmul_mma<NT, BATCH, M, N, K, TA>(A, B, epi);
+    return;
+  }
+#endif
+  matmul_simt<NT, BATCH, M, N, K, TA, TB>(A, B, epi);
+}
+
+}  // namespace mi

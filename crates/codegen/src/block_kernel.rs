@@ -1,0 +1,765 @@
+//! Block-graph kernels: one `__global__` per customized op, following the block-graph
+//! semantics of `mirage_ugraph::block` exactly.
+//!
+//! The schedule has three sections: *pre* (input tiles with `forloop_dim = -1` and every
+//! loop-invariant op, run once), the *loop* (per-iteration tiles, loop ops, accumulator
+//! updates, per-iteration output savers) and *post* (accumulator finalisation, post-loop ops,
+//! output savers). Every materialised tile lives in shared memory: input tiles in their
+//! device storage type, computed tiles in fp32. Element-wise chains are fused into one pass
+//! (`mirage_ugraph::fuse_elementwise`); a loop matmul whose only consumer is a plain or
+//! rescaling accumulator writes into the accumulator directly. Buffers are placed by lifetime
+//! (first fit), so tiles whose lifetimes do not overlap share memory; an element-wise group
+//! may overwrite an fp32 operand whose last use it is.
+
+use mirage_ugraph::{fuse_elementwise, Accum, BlockGraph, BlockOpKind, FusedGroup, Phase, STensorId, ThreadOp};
+
+use crate::emit::{bcast, binary_expr, coord, flit, numel, offset, offset_wide, row_major, unary_expr, wl};
+use crate::error::{unsupported, Result};
+use crate::program::{DevBuffer, Storage};
+
+/// Alignment of every shared-memory buffer in bytes.
+const SMEM_ALIGN: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Section {
+    Pre,
+    Loop,
+    Post,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Load block input `k` (op `op`) into its tile.
+    Load { k: usize, op: usize },
+    /// A fused element-wise group.
+    Group { g: usize },
+    /// A tile matmul storing its result, or accumulating into accumulator op `acc`.
+    Matmul { op: usize, acc: Option<usize> },
+    /// Sum over a dim.
+    Reduce { op: usize },
+    /// Running max and its change.
+    RedMax { op: usize },
+    /// RMS normalisation over the last dim.
+    RmsNorm { op: usize },
+    /// Concatenation.
+    Concat { op: usize },
+    /// One accumulator update (in the loop).
+    Accum { op: usize },
+    /// Mean/rms finalisation of an accumulator (after the loop).
+    Finalize { op: usize },
+    /// Output saver `j` (op `op`).
+    Save { j: usize, op: usize },
+}
+
+/// A shared-memory buffer: size, live interval over step positions, byte offset.
+#[derive(Debug, Clone)]
+struct Buffer {
+    size: usize,
+    start: usize,
+    end: usize,
+    offset: usize,
+}
+
+/// Result of emitting one block kernel.
+pub(crate) struct Emitted {
+    /// The kernel's CUDA source.
+    pub source: String,
+    /// Dynamic shared memory in bytes.
+    pub smem_bytes: usize,
+}
+
+struct Ctx<'a> {
+    bg: &'a BlockGraph,
+    ins: &'a [DevBuffer],
+    outs: &'a [DevBuffer],
+    groups: Vec<FusedGroup>,
+    nt: usize,
+    /// Storage of each tile (None: not computed).
+    storage: Vec<Option<Storage>>,
+    /// For input tiles read straight from device memory: the block input position.
+    streamed: Vec<Option<usize>>,
+    /// For each block input position, its input op.
+    input_ops: Vec<usize>,
+}
+
+/// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
+pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBuffer]) -> Result<Emitted> {
+    let nt: usize = bg.block_dim.iter().product();
+    let n_ops = bg.ops.len();
+    let n_t = bg.tensors.len();
+    let input_ops: Vec<usize> = (0..n_ops).filter(|&j| matches!(bg.ops[j].kind, BlockOpKind::Input { .. })).collect();
+    let output_ops: Vec<usize> = (0..n_ops).filter(|&j| matches!(bg.ops[j].kind, BlockOpKind::Output { .. })).collect();
+    if input_ops.len() != ins.len() || output_ops.len() != outs.len() {
+        return unsupported(format!(
+            "{name}: the block graph has {} inputs and {} outputs but {} and {} device tensors were given",
+            input_ops.len(),
+            output_ops.len(),
+            ins.len(),
+            outs.len()
+        ));
+    }
+
+    // Liveness: which tensors an output needs.
+    let mut tneed = vec![false; n_t];
+    let mut opneed = vec![false; n_ops];
+    for j in (0..n_ops).rev() {
+        let op = &bg.ops[j];
+        let need = matches!(op.kind, BlockOpKind::Output { .. }) || op.outputs.iter().any(|&t| tneed[t]);
+        if need {
+            opneed[j] = true;
+            for &t in &op.inputs {
+                tneed[t] = true;
+            }
+        }
+    }
+    // Uses per tensor (op, operand slot).
+    let mut uses: Vec<Vec<usize>> = vec![Vec::new(); n_t];
+    for (j, op) in bg.ops.iter().enumerate() {
+        for &t in &op.inputs {
+            uses[t].push(j);
+        }
+    }
+
+    let groups = fuse_elementwise(bg);
+    let mut group_root: Vec<Option<usize>> = vec![None; n_ops];
+    for (g, grp) in groups.iter().enumerate() {
+        if let Some(&root) = grp.ops.last() {
+            group_root[root] = Some(g);
+        }
+    }
+
+    // Loop matmuls fused into their accumulator.
+    let mut fused_into: Vec<Option<usize>> = vec![None; n_ops];
+    let mut fused_from: Vec<Option<usize>> = vec![None; n_ops];
+    for j in 0..n_ops {
+        if !opneed[j] || !matches!(bg.ops[j].kind, BlockOpKind::Matmul) {
+            continue;
+        }
+        let t = bg.ops[j].outputs[0];
+        if bg.tensors[t].phase != Phase::Loop || uses[t].len() != 1 {
+            continue;
+        }
+        let c = uses[t][0];
+        let cop = &bg.ops[c];
+        let ok = match cop.kind {
+            BlockOpKind::ForloopAccum { acc: Accum::None } => cop.inputs[0] == t,
+            BlockOpKind::ForloopAccumRescale { acc: Accum::None } => cop.inputs[0] == t && cop.inputs[1] != t,
+            _ => false,
+        };
+        if ok {
+            fused_into[j] = Some(c);
+            fused_from[c] = Some(j);
+        }
+    }
+
+    // Steps, by section, in op order.
+    let mut steps: Vec<(Section, Step)> = Vec::new();
+    let (mut k_in, mut j_out) = (0, 0);
+    for j in 0..n_ops {
+        let op = &bg.ops[j];
+        let phase_sec = |t: STensorId| match bg.tensors[t].phase {
+            Phase::Invariant => Section::Pre,
+            Phase::Loop => Section::Loop,
+            Phase::Post => Section::Post,
+        };
+        match &op.kind {
+            BlockOpKind::Input { forloop_dim, .. } => {
+                let k = k_in;
+                k_in += 1;
+                if opneed[j] {
+                    let sec = if *forloop_dim >= 0 { Section::Loop } else { Section::Pre };
+                    steps.push((sec, Step::Load { k, op: j }));
+                }
+            }
+            BlockOpKind::Output { forloop_dim, .. } => {
+                let jj = j_out;
+                j_out += 1;
+                let sec = if *forloop_dim >= 0 { Section::Loop } else { Section::Post };
+                steps.push((sec, Step::Save { j: jj, op: j }));
+            }
+            _ if !opneed[j] => {}
+            BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } => {
+                if let Some(g) = group_root[j] {
+                    steps.push((phase_sec(op.outputs[0]), Step::Group { g }));
+                }
+            }
+            BlockOpKind::Matmul => {
+                if fused_into[j].is_none() {
+                    steps.push((phase_sec(op.outputs[0]), Step::Matmul { op: j, acc: None }));
+                }
+            }
+            BlockOpKind::Reduction { .. } => steps.push((phase_sec(op.outputs[0]), Step::Reduce { op: j })),
+            BlockOpKind::RmsNorm => steps.push((phase_sec(op.outputs[0]), Step::RmsNorm { op: j })),
+            BlockOpKind::Concat { .. } => steps.push((phase_sec(op.outputs[0]), Step::Concat { op: j })),
+            BlockOpKind::ReductionMax { .. } => {
+                let sec = if bg.tensors[op.inputs[0]].phase == Phase::Post { Section::Post } else { Section::Loop };
+                steps.push((sec, Step::RedMax { op: j }));
+            }
+            BlockOpKind::ForloopAccum { .. }
+            | BlockOpKind::ForloopAccumRescale { .. }
+            | BlockOpKind::ForloopAccumMax => {
+                match fused_from[j] {
+                    Some(m) => steps.push((Section::Loop, Step::Matmul { op: m, acc: Some(j) })),
+                    None => steps.push((Section::Loop, Step::Accum { op: j })),
+                }
+                if matches!(op.kind, BlockOpKind::ForloopAccum { acc: Accum::Mean | Accum::Rms }) {
+                    steps.push((Section::Post, Step::Finalize { op: j }));
+                }
+            }
+        }
+    }
+    steps.sort_by_key(|(s, _)| *s); // stable: op order within each section
+
+    // Reads and writes of a step: (written tiles, read tiles, whether the writes are carried
+    // across iterations).
+    let rw = |sec: Section, step: Step| -> (Vec<STensorId>, Vec<STensorId>, bool) {
+        match step {
+            Step::Load { op, .. } => (vec![bg.ops[op].outputs[0]], vec![], false),
+            Step::Group { g } => (vec![groups[g].output], groups[g].inputs.clone(), false),
+            Step::Matmul { op, acc: None } => (vec![bg.ops[op].outputs[0]], bg.ops[op].inputs.clone(), false),
+            Step::Matmul { op, acc: Some(a) } => {
+                let mut r = bg.ops[op].inputs.clone();
+                r.extend(bg.ops[a].inputs.iter().skip(1));
+                (vec![bg.ops[a].outputs[0]], r, true)
+            }
+            Step::Reduce { op } | Step::RmsNorm { op } | Step::Concat { op } => {
+                (vec![bg.ops[op].outputs[0]], bg.ops[op].inputs.clone(), false)
+            }
+            Step::RedMax { op } => {
+                let o = &bg.ops[op].outputs;
+                let mut w = vec![o[0]];
+                if tneed[o[1]] {
+                    w.push(o[1]);
+                }
+                (w, bg.ops[op].inputs.clone(), sec == Section::Loop)
+            }
+            Step::Accum { op } => (vec![bg.ops[op].outputs[0]], bg.ops[op].inputs.clone(), true),
+            Step::Finalize { op } => (vec![], vec![bg.ops[op].outputs[0]], false),
+            Step::Save { op, .. } => (vec![], bg.ops[op].inputs.clone(), false),
+        }
+    };
+
+    // Input tiles read by exactly one step that is not a matmul are streamed: that step reads
+    // device memory directly and the tile takes no shared memory.
+    let mut streamed: Vec<Option<usize>> = vec![None; n_t]; // block input position
+    for &(_, step) in &steps {
+        if let Step::Load { k, op } = step {
+            let t = bg.ops[op].outputs[0];
+            let readers: Vec<Step> =
+                steps.iter().filter(|&&(sec, st)| rw(sec, st).1.contains(&t)).map(|&(_, st)| st).collect();
+            if readers.len() == 1 && !matches!(readers[0], Step::Matmul { .. }) {
+                streamed[t] = Some(k);
+            }
+        }
+    }
+    steps.retain(|(_, st)| !matches!(*st, Step::Load { op, .. } if streamed[bg.ops[op].outputs[0]].is_some()));
+    let loop_start = steps.iter().position(|(s, _)| *s == Section::Loop);
+    let loop_end = steps.iter().rposition(|(s, _)| *s == Section::Loop);
+
+    // Materialised tensors, their storage, defining and reading steps.
+    let mut storage: Vec<Option<Storage>> = vec![None; n_t];
+    for (t, k) in streamed.iter().enumerate() {
+        if let Some(k) = k {
+            storage[t] = Some(ins[*k].storage);
+        }
+    }
+    let mut def: Vec<Option<usize>> = vec![None; n_t];
+    let mut last: Vec<Option<usize>> = vec![None; n_t];
+    let mut carried = vec![false; n_t];
+    let mut group_out_pos: Vec<(usize, usize)> = Vec::new(); // (step position, group)
+    for (pos, &(sec, step)) in steps.iter().enumerate() {
+        if let Step::Group { g } = step {
+            group_out_pos.push((pos, g));
+        }
+        let (writes, reads, loop_carried) = rw(sec, step);
+        for (wi, &t) in writes.iter().enumerate() {
+            if storage[t].is_none() {
+                storage[t] = Some(match step {
+                    Step::Load { k, .. } => ins[k].storage,
+                    _ => Storage::F32,
+                });
+            }
+            // Only the running max (first write of RedMax) is carried across iterations.
+            let carry = loop_carried && !(matches!(step, Step::RedMax { .. }) && wi > 0);
+            if carry {
+                carried[t] = true;
+            }
+            if def[t].is_none() {
+                def[t] = Some(pos);
+            }
+            last[t] = Some(last[t].map_or(pos, |l| l.max(pos)));
+        }
+        for &t in &reads {
+            if storage[t].is_none() {
+                return unsupported(format!(
+                    "{name}: internal error: tile #{t} is read before it is computed (block op order)"
+                ));
+            }
+            if streamed[t].is_none() {
+                last[t] = Some(last[t].map_or(pos, |l| l.max(pos)));
+            }
+        }
+    }
+
+    // Live intervals.
+    let mut interval: Vec<Option<(usize, usize)>> = vec![None; n_t];
+    for t in 0..n_t {
+        let (Some(d), Some(l)) = (def[t], last[t]) else { continue };
+        let (mut s, mut e) = (d, l);
+        if let (Some(ls), Some(le)) = (loop_start, loop_end) {
+            if carried[t] {
+                s = s.min(ls);
+                e = e.max(le);
+            } else if d < ls && l >= ls {
+                e = e.max(le);
+            }
+        }
+        interval[t] = Some((s, e));
+    }
+
+    // Buffers, with in-place element-wise groups.
+    let mut buffers: Vec<Buffer> = Vec::new();
+    let mut buf_of: Vec<Option<usize>> = vec![None; n_t];
+    let mut order: Vec<STensorId> = (0..n_t).filter(|&t| interval[t].is_some()).collect();
+    order.sort_by_key(|&t| interval[t].map(|(s, _)| s));
+    for t in order {
+        let Some((s, e)) = interval[t] else { continue };
+        let size = numel(&bg.tensors[t].dims) * storage[t].map_or(4, Storage::size_bytes);
+        let inplace = group_out_pos.iter().find(|(pos, _)| *pos == s).and_then(|&(pos, g)| {
+            let grp = &groups[g];
+            if grp.output != t {
+                return None;
+            }
+            grp.inputs.iter().copied().find(|&x| {
+                storage[x] == Some(Storage::F32)
+                    && bg.tensors[x].dims == bg.tensors[t].dims
+                    && (!carried[x] || steps[pos].0 == Section::Post)
+                    && interval[x].map(|(_, xe)| xe) == Some(pos)
+                    && buf_of[x].is_some_and(|b| buffers[b].end == pos)
+            })
+        });
+        match inplace.and_then(|x| buf_of[x]) {
+            Some(b) => {
+                buffers[b].end = e;
+                buf_of[t] = Some(b);
+            }
+            None => {
+                buffers.push(Buffer { size, start: s, end: e, offset: 0 });
+                buf_of[t] = Some(buffers.len() - 1);
+            }
+        }
+    }
+    let smem_bytes = place(&mut buffers);
+
+    let ctx = Ctx { bg, ins, outs, groups, nt, storage, streamed, input_ops };
+    let src = ctx.kernel(name, &steps, &buffers, &buf_of, smem_bytes)?;
+    Ok(Emitted { source: src, smem_bytes })
+}
+
+/// First-fit placement of buffers by lifetime; returns the total bytes.
+fn place(buffers: &mut [Buffer]) -> usize {
+    let mut idx: Vec<usize> = (0..buffers.len()).collect();
+    idx.sort_by_key(|&b| (std::cmp::Reverse(buffers[b].size), buffers[b].start));
+    let mut placed: Vec<usize> = Vec::new();
+    let mut total = 0;
+    for b in idx {
+        let (s, e, size) = (buffers[b].start, buffers[b].end, buffers[b].size);
+        let mut busy: Vec<(usize, usize)> = placed
+            .iter()
+            .filter(|&&p| buffers[p].start <= e && s <= buffers[p].end)
+            .map(|&p| (buffers[p].offset, buffers[p].offset + buffers[p].size))
+            .collect();
+        busy.sort_unstable();
+        let mut off = 0;
+        for (lo, hi) in busy {
+            if off + size <= lo {
+                break;
+            }
+            off = off.max(hi.div_ceil(SMEM_ALIGN) * SMEM_ALIGN);
+        }
+        buffers[b].offset = off;
+        total = total.max(off + size);
+        placed.push(b);
+    }
+    total.div_ceil(SMEM_ALIGN) * SMEM_ALIGN
+}
+
+/// Whether offsets up to `max` need 64-bit arithmetic.
+fn wide(max: usize) -> bool {
+    max >= i32::MAX as usize / 2
+}
+
+impl Ctx<'_> {
+    fn dims(&self, t: STensorId) -> &[usize] {
+        &self.bg.tensors[t].dims
+    }
+
+    fn tile(&self, t: STensorId) -> String {
+        format!("t{t}")
+    }
+
+    /// `to_f32` read of tile `t` at index expression `idx`.
+    fn read(&self, t: STensorId, idx: &str) -> String {
+        if let Some(k) = self.streamed[t] {
+            let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[self.input_ops[k]].kind else {
+                return format!("t{t}[{idx}]");
+            };
+            let tile = self.dims(t);
+            let dev = &self.ins[k];
+            let base = self.tile_base(imap, forloop_dim, tile, &dev.strides, forloop_dim >= 0);
+            let max: usize = tile.iter().zip(&dev.strides).map(|(&d, &s)| (d - 1) * s).sum();
+            let var = format!("({idx})");
+            let off = if wide(max) {
+                offset_wide(tile, &var, tile, &dev.strides)
+            } else {
+                offset(tile, &var, tile, &dev.strides)
+            };
+            let g = format!("in{k}[{base} + {off}]");
+            return match dev.storage {
+                Storage::F32 => g,
+                _ => format!("mi::to_f32({g})"),
+            };
+        }
+        match self.storage[t] {
+            Some(Storage::F32) => format!("t{t}[{idx}]"),
+            _ => format!("mi::to_f32(t{t}[{idx}])"),
+        }
+    }
+
+    fn kernel(
+        &self,
+        name: &str,
+        steps: &[(Section, Step)],
+        buffers: &[Buffer],
+        buf_of: &[Option<usize>],
+        smem: usize,
+    ) -> Result<String> {
+        let bg = self.bg;
+        let mut s = String::new();
+        let mut params: Vec<String> = Vec::new();
+        for (k, b) in self.ins.iter().enumerate() {
+            params.push(format!("const {}* __restrict__ in{k}", b.storage.cty()));
+        }
+        for (j, b) in self.outs.iter().enumerate() {
+            params.push(format!("{}* __restrict__ out{j}", b.storage.cty()));
+        }
+        wl!(
+            s,
+            "// block graph: grid {:?}, block {:?}, forloop_range {}, {smem} bytes of shared memory",
+            bg.grid_dim,
+            bg.block_dim,
+            bg.forloop_range
+        );
+        wl!(s, "extern \"C\" __global__ void __launch_bounds__({}) {name}({}) {{", self.nt, params.join(", "));
+        wl!(s, "  extern __shared__ __align__(16) unsigned char mi_smem[];");
+        wl!(s, "  constexpr int NT = {};", self.nt);
+        wl!(s, "  const int tid = mi::lin_tid();");
+        wl!(s, "  (void)tid;");
+        for (t, b) in buf_of.iter().enumerate() {
+            if let (Some(b), Some(st)) = (b, self.storage[t]) {
+                let ty = st.cty();
+                wl!(
+                    s,
+                    "  {ty}* const t{t} = reinterpret_cast<{ty}*>(mi_smem + {}); // {:?} {}",
+                    buffers[*b].offset,
+                    bg.tensors[t].dims,
+                    st.name()
+                );
+            }
+        }
+        let mut in_loop = false;
+        for (sec, step) in steps {
+            if *sec == Section::Loop && !in_loop {
+                wl!(s, "  for (int it = 0; it < {}; ++it) {{", bg.forloop_range);
+                in_loop = true;
+            }
+            if *sec == Section::Post && in_loop {
+                wl!(s, "  }}");
+                in_loop = false;
+            }
+            let ind = if in_loop { "    " } else { "  " };
+            let body = self.step(*step, *sec)?;
+            for l in body.lines() {
+                wl!(s, "{ind}{l}");
+            }
+            wl!(s, "{ind}__syncthreads();");
+        }
+        if in_loop {
+            wl!(s, "  }}");
+        }
+        wl!(s, "}}");
+        Ok(s)
+    }
+
+    /// Byte-offset-free base expression (in elements) of a block's tile in a device tensor.
+    fn tile_base(&self, map: [i64; 3], fdim: i64, tile: &[usize], strides: &[usize], with_iter: bool) -> String {
+        let bg = self.bg;
+        let mut terms = Vec::new();
+        let axes = ["blockIdx.x", "blockIdx.y", "blockIdx.z"];
+        for a in 0..3 {
+            if bg.grid_dim[a] > 1 && map[a] >= 0 {
+                let d = map[a] as usize;
+                let part = if d as i64 == fdim { tile[d] * bg.forloop_range } else { tile[d] };
+                terms.push(format!("(long long){} * {}LL", axes[a], part * strides[d]));
+            }
+        }
+        if fdim >= 0 && with_iter {
+            let f = fdim as usize;
+            terms.push(format!("(long long)it * {}LL", tile[f] * strides[f]));
+        }
+        if terms.is_empty() {
+            "0LL".into()
+        } else {
+            terms.join(" + ")
+        }
+    }
+
+    /// Element offset inside a device tensor of tile element `i` (tile dims, device strides).
+    fn tile_elem_offset(tile: &[usize], strides: &[usize]) -> String {
+        let max: usize = tile.iter().zip(strides).map(|(&d, &s)| (d - 1) * s).sum();
+        if wide(max) {
+            offset_wide(tile, "i", tile, strides)
+        } else {
+            offset(tile, "i", tile, strides)
+        }
+    }
+
+    fn step(&self, step: Step, sec: Section) -> Result<String> {
+        let bg = self.bg;
+        let nt = "NT";
+        let mut s = String::new();
+        match step {
+            Step::Load { k, op } => {
+                let BlockOpKind::Input { imap, forloop_dim, .. } = bg.ops[op].kind else {
+                    return unsupported("internal error: load of a non-input op");
+                };
+                let t = bg.ops[op].outputs[0];
+                let tile = self.dims(t);
+                let dev = &self.ins[k];
+                let base = self.tile_base(imap, forloop_dim, tile, &dev.strides, sec == Section::Loop);
+                wl!(s, "{{ // input {k} -> t{t}");
+                wl!(s, "  const long long base = {base};");
+                wl!(
+                    s,
+                    "  for (int i = tid; i < {}; i += {nt}) t{t}[i] = in{k}[base + {}];",
+                    numel(tile),
+                    Self::tile_elem_offset(tile, &dev.strides)
+                );
+                wl!(s, "}}");
+            }
+            Step::Save { j, op } => {
+                let BlockOpKind::Output { omap, forloop_dim } = bg.ops[op].kind else {
+                    return unsupported("internal error: save of a non-output op");
+                };
+                let t = bg.ops[op].inputs[0];
+                let tile = self.dims(t);
+                let dev = &self.outs[j];
+                let base = self.tile_base(omap, forloop_dim, tile, &dev.strides, sec == Section::Loop);
+                wl!(s, "{{ // t{t} -> output {j}");
+                wl!(s, "  const long long base = {base};");
+                wl!(
+                    s,
+                    "  for (int i = tid; i < {}; i += {nt}) out{j}[base + {}] = mi::from_f32<{}>({});",
+                    numel(tile),
+                    Self::tile_elem_offset(tile, &dev.strides),
+                    dev.storage.cty(),
+                    self.read(t, "i")
+                );
+                wl!(s, "}}");
+            }
+            Step::Group { g } => {
+                let grp = &self.groups[g];
+                let out = grp.output;
+                let od = self.dims(out);
+                wl!(s, "for (int i = tid; i < {}; i += {nt}) {{ // fused element-wise -> t{out}", numel(od));
+                for (r, &x) in grp.inputs.iter().enumerate() {
+                    wl!(s, "  const float r{r} = {};", self.read(x, &bcast(od, "i", self.dims(x))));
+                }
+                let n_in = grp.thread_graph.num_inputs;
+                for (k, op) in grp.thread_graph.ops.iter().enumerate() {
+                    let e = match *op {
+                        ThreadOp::Unary { op, arg } => unary_expr(&op, &format!("r{arg}")),
+                        ThreadOp::Binary { op, lhs, rhs } => binary_expr(op, &format!("r{lhs}"), &format!("r{rhs}")),
+                    };
+                    wl!(s, "  const float r{} = {e};", n_in + k);
+                }
+                let last = n_in + grp.thread_graph.ops.len() - 1;
+                wl!(s, "  t{out}[i] = r{last};");
+                wl!(s, "}}");
+            }
+            Step::Matmul { op, acc } => {
+                let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
+                let (da, db) = (self.dims(a), self.dims(b));
+                let r = da.len();
+                let (m, kk, n) = (da[r - 2], da[r - 1], db[r - 1]);
+                let batch = numel(&da[..r - 2]);
+                let epi = match acc {
+                    None => format!("t{}[c] = v;", bg.ops[op].outputs[0]),
+                    Some(ac) => {
+                        let aop = &bg.ops[ac];
+                        let o = aop.outputs[0];
+                        match aop.kind {
+                            BlockOpKind::ForloopAccumRescale { .. } => {
+                                let sc = aop.inputs[1];
+                                format!(
+                                    "t{o}[c] = it == 0 ? v : t{o}[c] * {} + v;",
+                                    self.read(sc, &bcast(self.dims(o), "c", self.dims(sc)))
+                                )
+                            }
+                            _ => format!("t{o}[c] = (it == 0 ? 0.0f : t{o}[c]) + v;"),
+                        }
+                    }
+                };
+                wl!(
+                    s,
+                    "mi::matmul_tile<{nt}, {batch}, {m}, {n}, {kk}>({}, {}, [&](int c, float v) {{ {epi} }});",
+                    self.tile(a),
+                    self.tile(b)
+                );
+            }
+            Step::Reduce { op } => {
+                let BlockOpKind::Reduction { dim } = bg.ops[op].kind else {
+                    return unsupported("internal error: reduce of a non-reduction op");
+                };
+                let (x, o) = (bg.ops[op].inputs[0], bg.ops[op].outputs[0]);
+                let d = self.dims(x);
+                wl!(
+                    s,
+                    "mi::reduce<{nt}, {}, {}, {}, false>([&](int i) {{ return {}; }}, [&](int o, float v) {{ t{o}[o] = v; }});",
+                    numel(&d[..dim]),
+                    d[dim],
+                    numel(&d[dim + 1..]),
+                    self.read(x, "i")
+                );
+            }
+            Step::RedMax { op } => {
+                let BlockOpKind::ReductionMax { dim } = bg.ops[op].kind else {
+                    return unsupported("internal error: reduction_max of another op");
+                };
+                let x = bg.ops[op].inputs[0];
+                let (mo, dd) = (bg.ops[op].outputs[0], bg.ops[op].outputs[1]);
+                let d = self.dims(x);
+                let has_d = self.storage[dd].is_some();
+                let first = if sec == Section::Loop { "it == 0" } else { "true" };
+                let wd0 = if has_d { format!(" t{dd}[o] = v - v;") } else { String::new() };
+                let wd1 = if has_d { format!(" t{dd}[o] = p - nm;") } else { String::new() };
+                wl!(
+                    s,
+                    "mi::reduce<{nt}, {}, {}, {}, true>([&](int i) {{ return {}; }}, [&](int o, float v) {{",
+                    numel(&d[..dim]),
+                    d[dim],
+                    numel(&d[dim + 1..]),
+                    self.read(x, "i")
+                );
+                wl!(s, "  if ({first}) {{ t{mo}[o] = v;{wd0} }}");
+                wl!(s, "  else {{ const float p = t{mo}[o]; const float nm = fmaxf(p, v);{wd1} t{mo}[o] = nm; }}");
+                wl!(s, "}});");
+            }
+            Step::RmsNorm { op } => {
+                let (x, o) = (bg.ops[op].inputs[0], bg.ops[op].outputs[0]);
+                let d = self.dims(x);
+                let len = d[d.len() - 1];
+                wl!(
+                    s,
+                    "mi::rms_norm_rows<{nt}, {}, {len}>([&](int i) {{ return {}; }}, [&](int i, float v) {{ t{o}[i] = v; }});",
+                    numel(d) / len,
+                    self.read(x, "i")
+                );
+            }
+            Step::Concat { op } => {
+                let BlockOpKind::Concat { dim } = bg.ops[op].kind else {
+                    return unsupported("internal error: concat of another op");
+                };
+                let (a, b, o) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1], bg.ops[op].outputs[0]);
+                let (da, db, od) = (self.dims(a), self.dims(b), self.dims(o));
+                let (ra, rb) = (row_major(da), row_major(db));
+                let la = da[dim];
+                let cs: Vec<String> = (0..od.len()).map(|k| coord(od, k, "i")).collect();
+                let ia: Vec<String> = (0..od.len()).map(|k| format!("({}) * {}", cs[k], ra[k])).collect();
+                let ib: Vec<String> = (0..od.len())
+                    .map(|k| {
+                        if k == dim {
+                            format!("({} - {la}) * {}", cs[k], rb[k])
+                        } else {
+                            format!("({}) * {}", cs[k], rb[k])
+                        }
+                    })
+                    .collect();
+                wl!(s, "for (int i = tid; i < {}; i += {nt}) {{ // concat -> t{o}", numel(od));
+                wl!(
+                    s,
+                    "  t{o}[i] = ({}) < {la} ? {} : {};",
+                    cs[dim],
+                    self.read(a, &ia.join(" + ")),
+                    self.read(b, &ib.join(" + "))
+                );
+                wl!(s, "}}");
+            }
+            Step::Accum { op } => {
+                let aop = &bg.ops[op];
+                let (x, o) = (aop.inputs[0], aop.outputs[0]);
+                let dx = self.dims(x);
+                let od = self.dims(o);
+                let scale = |idx: &str| match aop.kind {
+                    BlockOpKind::ForloopAccumRescale { .. } => {
+                        let sc = aop.inputs[1];
+                        Some(self.read(sc, &bcast(od, idx, self.dims(sc))))
+                    }
+                    _ => None,
+                };
+                let combine = |idx: &str, v: &str| -> String {
+                    match (&aop.kind, scale(idx)) {
+                        (BlockOpKind::ForloopAccumMax, _) => {
+                            format!("t{o}[{idx}] = it == 0 ? {v} : fmaxf(t{o}[{idx}], {v});")
+                        }
+                        (_, Some(sc)) => format!("t{o}[{idx}] = it == 0 ? {v} : t{o}[{idx}] * {sc} + {v};"),
+                        (_, None) => format!("t{o}[{idx}] = (it == 0 ? 0.0f : t{o}[{idx}]) + {v};"),
+                    }
+                };
+                let acc = match aop.kind {
+                    BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => acc,
+                    _ => Accum::None,
+                };
+                let last = dx.len() - 1;
+                let rows = numel(&dx[..last]);
+                match acc {
+                    Accum::None => {
+                        wl!(s, "for (int i = tid; i < {}; i += {nt}) {{ // accumulate -> t{o}", numel(od));
+                        wl!(s, "  const float x = {};", self.read(x, "i"));
+                        wl!(s, "  {}", combine("i", "x"));
+                        wl!(s, "}}");
+                    }
+                    Accum::Sum | Accum::Mean | Accum::Rms | Accum::SumToDimx => {
+                        let (len, inner) = if acc == Accum::SumToDimx {
+                            (dx[last] / bg.reduction_dimx, bg.reduction_dimx)
+                        } else {
+                            (dx[last], 1)
+                        };
+                        let load = if acc == Accum::Rms {
+                            format!("const float x = {}; return x * x;", self.read(x, "i"))
+                        } else {
+                            format!("return {};", self.read(x, "i"))
+                        };
+                        wl!(
+                            s,
+                            "mi::reduce<{nt}, {rows}, {len}, {inner}, false>([&](int i) {{ {load} }}, [&](int o, float v) {{ {} }});",
+                            combine("o", "v")
+                        );
+                    }
+                }
+            }
+            Step::Finalize { op } => {
+                let aop = &bg.ops[op];
+                let (x, o) = (aop.inputs[0], aop.outputs[0]);
+                let dx = self.dims(x);
+                let n = dx[dx.len() - 1] * bg.forloop_range;
+                let e = match aop.kind {
+                    BlockOpKind::ForloopAccum { acc: Accum::Rms } => format!("sqrtf(t{o}[i] / {})", flit(n as f32)),
+                    _ => format!("t{o}[i] / {}", flit(n as f32)),
+                };
+                wl!(s, "for (int i = tid; i < {}; i += {nt}) t{o}[i] = {e};", numel(self.dims(o)));
+            }
+        }
+        Ok(s)
+    }
+}

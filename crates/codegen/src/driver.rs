@@ -1,0 +1,239 @@
+//! The CUDA driver side: devices (primary context, architecture, shared-memory limit), loaded
+//! modules and raw launches on a caller-given stream with raw device pointers.
+//!
+//! Contexts: every call pushes the device's primary context (the one PyTorch's runtime uses)
+//! and pops it afterwards, so the caller's current context is left as it was.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+
+use crate::error::{Error, Result};
+use crate::program::KernelSpec;
+
+fn drv_err(call: &'static str, e: cu::DriverError) -> Error {
+    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+    let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    Error::Driver { call, msg: format!("{name}: {text}") }
+}
+
+/// Initialises the driver once; a clear error when libcuda is absent.
+fn init() -> Result<()> {
+    static INIT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // SAFETY: probing only dlopens candidate names; a panic (none expected) is caught.
+        let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+        if !present {
+            return Err("libcuda was not found (no NVIDIA driver on this machine?)".to_string());
+        }
+        cu::init().map_err(|e| drv_err("cuInit", e).to_string())
+    })
+    .clone()
+    .map_err(Error::DriverUnavailable)
+}
+
+/// A CUDA device with its retained primary context.
+#[derive(Debug)]
+pub struct Device {
+    /// Device ordinal.
+    pub ordinal: i32,
+    /// Architecture as `major * 10 + minor`.
+    pub arch: u32,
+    /// Opt-in per-block shared-memory limit in bytes.
+    pub smem_optin: usize,
+    /// Multiprocessor count.
+    pub sm_count: u32,
+    /// Device name.
+    pub name: String,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: a CUcontext handle may be used from any thread (it is pushed where used); the
+// primary context is retained for the life of the process and never destroyed here.
+unsafe impl Send for Device {}
+// SAFETY: as above; the struct is immutable after creation.
+unsafe impl Sync for Device {}
+
+/// Pushes a context on creation and pops it on drop.
+struct CtxGuard;
+
+impl CtxGuard {
+    fn push(ctx: sys::CUcontext) -> Result<CtxGuard> {
+        // SAFETY: `ctx` is a retained primary context.
+        unsafe { sys::cuCtxPushCurrent_v2(ctx) }.result().map_err(|e| drv_err("cuCtxPushCurrent", e))?;
+        Ok(CtxGuard)
+    }
+}
+
+impl Drop for CtxGuard {
+    fn drop(&mut self) {
+        let mut old: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context pushed by `push` on this thread.
+        unsafe {
+            let _ = sys::cuCtxPopCurrent_v2(&mut old);
+        }
+    }
+}
+
+fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
+    // SAFETY: `dev` comes from cuDeviceGet.
+    unsafe { cu::device::get_attribute(dev, a) }.map_err(|e| drv_err("cuDeviceGetAttribute", e))
+}
+
+/// The device with this ordinal (cached; its primary context is retained once).
+pub fn device(ordinal: i32) -> Result<Arc<Device>> {
+    static DEVS: OnceLock<Mutex<HashMap<i32, Arc<Device>>>> = OnceLock::new();
+    init()?;
+    let map = DEVS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().map_err(|_| Error::DriverUnavailable("internal lock poisoned".into()))?;
+    if let Some(d) = map.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let count = cu::device::get_count().map_err(|e| drv_err("cuDeviceGetCount", e))?;
+    if ordinal < 0 || ordinal >= count {
+        return Err(Error::Launch(format!("CUDA device {ordinal} does not exist ({count} device(s) present)")));
+    }
+    let dev = cu::device::get(ordinal).map_err(|e| drv_err("cuDeviceGet", e))?;
+    use sys::CUdevice_attribute as A;
+    let major = attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let smem = attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+    let sms = attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    let name = cu::device::get_name(dev).unwrap_or_default();
+    // SAFETY: `dev` is valid; the retained context is kept for the life of the process.
+    let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| drv_err("cuDevicePrimaryCtxRetain", e))?;
+    let d = Arc::new(Device {
+        ordinal,
+        arch: (major * 10 + minor) as u32,
+        smem_optin: smem.max(0) as usize,
+        sm_count: sms.max(0) as u32,
+        name,
+        ctx,
+    });
+    map.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+/// A module loaded on a device, with one function per kernel of a program.
+pub struct Module {
+    device: Arc<Device>,
+    module: sys::CUmodule,
+    funcs: Vec<(sys::CUfunction, KernelSpec)>,
+}
+
+// SAFETY: module and function handles are usable from any thread with the context pushed,
+// which every method does; launches do not mutate the handles.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads `cubin` on `device` and resolves every kernel of `kernels`, raising the dynamic
+    /// shared-memory limit where a kernel needs more than 48 KB.
+    pub fn load(device: Arc<Device>, cubin: &[u8], kernels: &[KernelSpec]) -> Result<Module> {
+        for k in kernels {
+            if k.smem_bytes > device.smem_optin {
+                return Err(Error::SharedMemory {
+                    kernel: k.name.clone(),
+                    needed: k.smem_bytes,
+                    limit: device.smem_optin,
+                });
+            }
+        }
+        let _g = CtxGuard::push(device.ctx)?;
+        // SAFETY: `cubin` is a complete CUBIN image produced by NVRTC.
+        let module = unsafe { cu::module::load_data(cubin.as_ptr() as *const c_void) }
+            .map_err(|e| drv_err("cuModuleLoadData", e))?;
+        let mut m = Module { device: device.clone(), module, funcs: Vec::new() };
+        for k in kernels {
+            let name = CString::new(k.name.as_str()).map_err(|_| Error::Launch("kernel name has a NUL".into()))?;
+            // SAFETY: the module is loaded.
+            let f =
+                unsafe { cu::module::get_function(m.module, name) }.map_err(|e| drv_err("cuModuleGetFunction", e))?;
+            if k.smem_bytes > 48 * 1024 {
+                // SAFETY: `f` is a valid function of the loaded module.
+                unsafe {
+                    cu::function::set_function_attribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        k.smem_bytes as i32,
+                    )
+                }
+                .map_err(|e| drv_err("cuFuncSetAttribute", e))?;
+            }
+            m.funcs.push((f, k.clone()));
+        }
+        Ok(m)
+    }
+
+    /// The device the module lives on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Launches every kernel in order on `stream` (a raw `CUstream`, 0 = the legacy default
+    /// stream); `args[i]` holds kernel `i`'s pointer arguments.
+    ///
+    /// # Safety
+    /// Every pointer must be a live device allocation of the device, large enough for the
+    /// tensor the kernel reads or writes there, and `stream` a stream of the device's primary
+    /// context (or 0).
+    pub unsafe fn launch(&self, args: &[Vec<u64>], stream: u64) -> Result<()> {
+        if args.len() != self.funcs.len() {
+            return Err(Error::Launch(format!("{} argument lists for {} kernels", args.len(), self.funcs.len())));
+        }
+        let _g = CtxGuard::push(self.device.ctx)?;
+        for ((f, k), a) in self.funcs.iter().zip(args) {
+            let mut vals: Vec<u64> = a.clone();
+            let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+            // SAFETY: the caller guarantees the pointers; `params` point at `vals`, alive for the call.
+            unsafe {
+                cu::launch_kernel(
+                    *f,
+                    (k.grid[0], k.grid[1], k.grid[2]),
+                    (k.block[0], k.block[1], k.block[2]),
+                    k.smem_bytes as u32,
+                    stream as sys::CUstream,
+                    &mut params,
+                )
+            }
+            .map_err(|e| drv_err("cuLaunchKernel", e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if let Ok(_g) = CtxGuard::push(self.device.ctx) {
+            // SAFETY: the module was loaded by `load` and is unloaded once.
+            unsafe {
+                let _ = cu::module::unload(self.module);
+            }
+        }
+    }
+}
+
+/// The driver's CUDA version as `(major, minor)`, if a driver is present.
+pub fn driver_version() -> Result<(i32, i32)> {
+    init()?;
+    let mut v = 0;
+    // SAFETY: valid out-pointer.
+    unsafe { sys::cuDriverGetVersion(&mut v) }.result().map_err(|e| drv_err("cuDriverGetVersion", e))?;
+    Ok((v / 1000, (v % 1000) / 10))
+}
+
+/// Name of a CUDA error code (for messages).
+pub fn error_name(code: sys::CUresult) -> String {
+    let mut p: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: valid out-pointer; the returned string is static.
+    unsafe {
+        if sys::cuGetErrorName(code, &mut p) == sys::CUresult::CUDA_SUCCESS && !p.is_null() {
+            return CStr::from_ptr(p).to_string_lossy().into_owned();
+        }
+    }
+    format!("{code:?}")
+}

@@ -1,0 +1,141 @@
+//! Small helpers for writing CUDA C++: index expressions over row-major and strided layouts,
+//! float literals, element-wise op calls.
+
+use mirage_ugraph::{BinaryOp, UnaryOp};
+
+/// Appends one formatted line to a `String`.
+macro_rules! wl {
+    ($out:expr, $($arg:tt)*) => {{
+        $out.push_str(&format!($($arg)*));
+        $out.push('\n');
+    }};
+}
+pub(crate) use wl;
+
+/// Row-major strides (in elements) of `dims`.
+pub(crate) fn row_major(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * dims[i + 1];
+    }
+    s
+}
+
+/// Number of elements.
+pub(crate) fn numel(dims: &[usize]) -> usize {
+    dims.iter().product()
+}
+
+/// Expression for coordinate `k` of the row-major linear index `var` over `dims`.
+pub(crate) fn coord(dims: &[usize], k: usize, var: &str) -> String {
+    if dims[k] == 1 {
+        return "0".into();
+    }
+    let rs = row_major(dims);
+    let outer_is_one = dims[..k].iter().all(|&d| d == 1);
+    match (rs[k] == 1, outer_is_one) {
+        (true, true) => var.to_string(),
+        (true, false) => format!("({var} % {})", dims[k]),
+        (false, true) => format!("({var} / {})", rs[k]),
+        (false, false) => format!("(({var} / {}) % {})", rs[k], dims[k]),
+    }
+}
+
+/// Expression for the element offset, in a tensor of `in_dims` laid out with `in_strides`, of
+/// the element that row-major index `var` over `out_dims` reads; dims of size 1 in `in_dims`
+/// broadcast. Both shapes have the same rank.
+pub(crate) fn offset(out_dims: &[usize], var: &str, in_dims: &[usize], in_strides: &[usize]) -> String {
+    if in_dims == out_dims && in_strides == row_major(out_dims).as_slice() {
+        return var.to_string();
+    }
+    let terms: Vec<String> = (0..in_dims.len())
+        .filter(|&k| in_dims[k] != 1)
+        .map(|k| {
+            let c = coord(out_dims, k, var);
+            if in_strides[k] == 1 {
+                c
+            } else {
+                format!("{c} * {}", in_strides[k])
+            }
+        })
+        .collect();
+    if terms.is_empty() {
+        "0".into()
+    } else {
+        terms.join(" + ")
+    }
+}
+
+/// As [`offset`], in 64-bit arithmetic (for offsets that may pass 2^31).
+pub(crate) fn offset_wide(out_dims: &[usize], var: &str, in_dims: &[usize], in_strides: &[usize]) -> String {
+    let terms: Vec<String> = (0..in_dims.len())
+        .filter(|&k| in_dims[k] != 1)
+        .map(|k| format!("(long long){} * {}LL", coord(out_dims, k, var), in_strides[k]))
+        .collect();
+    if terms.is_empty() {
+        "0LL".into()
+    } else {
+        format!("({})", terms.join(" + "))
+    }
+}
+
+/// Broadcast index into a row-major tile of `in_dims` for row-major index `var` over `out_dims`.
+pub(crate) fn bcast(out_dims: &[usize], var: &str, in_dims: &[usize]) -> String {
+    offset(out_dims, var, in_dims, &row_major(in_dims))
+}
+
+/// An exact C++ float literal (infinities through bit patterns).
+pub(crate) fn flit(x: f32) -> String {
+    if x.is_nan() {
+        "__int_as_float(0x7fc00000)".into()
+    } else if x.is_infinite() {
+        if x > 0.0 {
+            "__int_as_float(0x7f800000)".into()
+        } else {
+            "__int_as_float((int)0xff800000u)".into()
+        }
+    } else {
+        format!("{x:e}f")
+    }
+}
+
+/// C++ expression applying a unary op to `a`.
+pub(crate) fn unary_expr(op: &UnaryOp, a: &str) -> String {
+    match *op {
+        UnaryOp::Exp => format!("mi::op_exp({a})"),
+        UnaryOp::Silu => format!("mi::op_silu({a})"),
+        UnaryOp::Gelu => format!("mi::op_gelu({a})"),
+        UnaryOp::Relu => format!("mi::op_relu({a})"),
+        UnaryOp::Sqrt => format!("mi::op_sqrt({a})"),
+        UnaryOp::Square => format!("mi::op_square({a})"),
+        UnaryOp::Clamp { min, max } => format!("mi::op_clamp({a}, {}, {})", flit(min), flit(max)),
+        UnaryOp::MulScalar { scalar } => format!("({a} * {})", flit(scalar)),
+    }
+}
+
+/// C++ expression applying a binary op to `a` and `b`.
+pub(crate) fn binary_expr(op: BinaryOp, a: &str, b: &str) -> String {
+    match op {
+        BinaryOp::Add => format!("({a} + {b})"),
+        BinaryOp::Sub => format!("({a} - {b})"),
+        BinaryOp::Mul => format!("({a} * {b})"),
+        BinaryOp::Div => format!("({a} / {b})"),
+        BinaryOp::Pow => format!("mi::op_pow({a}, {b})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets() {
+        assert_eq!(offset(&[4, 8], "i", &[4, 8], &[8, 1]), "i");
+        assert_eq!(offset(&[4, 8], "i", &[4, 1], &[1, 1]), "(i / 8)");
+        assert_eq!(offset(&[4, 8], "i", &[1, 8], &[8, 1]), "(i % 8)");
+        assert_eq!(offset(&[4, 8], "i", &[4, 8], &[1, 4]), "(i / 8) + (i % 8) * 4");
+        assert_eq!(offset(&[2, 3, 4], "i", &[2, 3, 4], &[1, 2, 6]), "(i / 12) + ((i / 4) % 3) * 2 + (i % 4) * 6");
+        assert_eq!(flit(1.5), "1.5e0f");
+        assert_eq!(flit(-0.25), "-2.5e-1f");
+    }
+}

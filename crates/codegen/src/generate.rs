@@ -1,0 +1,220 @@
+//! Lowering a kernel graph to a [`Program`]: device buffers for every tensor, one kernel per
+//! op (block-graph kernels for customized ops, default kernels for predefined ops), the
+//! workspace plan and the assembled CUDA source.
+
+use mirage_ugraph::{KernelGraph, KernelOpKind, TensorId};
+
+use crate::block_kernel;
+use crate::default_kernels::{self as dk, Ew};
+use crate::error::{Error, Result};
+use crate::program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};
+
+/// The runtime header every generated source starts with.
+pub const RUNTIME_HEADER: &str = include_str!("../runtime/mirage_runtime.cuh");
+
+/// Alignment of workspace buffers in bytes.
+const WORKSPACE_ALIGN: usize = 256;
+
+/// Options of code generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Target architecture as `major * 10 + minor` (e.g. 90 for sm_90).
+    pub arch: u32,
+    /// Per-block shared-memory limit to enforce (the device's opt-in limit); `None` checks
+    /// nothing (compile-only use, the limit is checked when the module is loaded).
+    pub smem_limit: Option<usize>,
+}
+
+impl Options {
+    /// Options for `arch` with no shared-memory check.
+    pub fn for_arch(arch: u32) -> Self {
+        Options { arch, smem_limit: None }
+    }
+}
+
+/// Generates the CUDA program of `g`.
+///
+/// Graph inputs and outputs keep their dtypes and layouts; intermediate tensors between
+/// kernels are stored in fp32 in a workspace (fp32 accumulation end to end, and no overflow
+/// of partial sums such as `exp` sums). Ops no output depends on are skipped.
+pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
+    let g = g.revalidate()?;
+    let n_t = g.tensors.len();
+    let input_ids = g.input_ids();
+    let output_ids = g.output_ids();
+    if output_ids.is_empty() {
+        return Err(Error::Unsupported("the graph has no outputs".into()));
+    }
+    let input_strides: Vec<Vec<usize>> = g
+        .ops
+        .iter()
+        .filter_map(|o| match &o.kind {
+            KernelOpKind::Input { strides, .. } => Some(strides.clone()),
+            _ => None,
+        })
+        .collect();
+    let out_strides: Vec<Vec<usize>> = output_ids
+        .iter()
+        .map(|&t| match g.outputs.iter().find(|o| o.tensor == t) {
+            Some(o) => o.strides.clone(),
+            None => dk::dense(&g.tensors[t].dims),
+        })
+        .collect();
+
+    // Buffers: inputs, outputs, workspace for the rest.
+    let mut buf: Vec<Option<DevBuffer>> = vec![None; n_t];
+    for (i, &t) in input_ids.iter().enumerate() {
+        let d = &g.tensors[t];
+        buf[t] = Some(DevBuffer {
+            dims: d.dims.clone(),
+            strides: input_strides[i].clone(),
+            storage: Storage::of(d.dtype),
+            location: BufferRef::Input(i),
+        });
+    }
+    let mut copies: Vec<(usize, TensorId)> = Vec::new();
+    for (j, &t) in output_ids.iter().enumerate() {
+        if buf[t].is_some() {
+            copies.push((j, t)); // an output that is an input: copied at the end
+        } else {
+            let d = &g.tensors[t];
+            buf[t] = Some(DevBuffer {
+                dims: d.dims.clone(),
+                strides: out_strides[j].clone(),
+                storage: Storage::of(d.dtype),
+                location: BufferRef::Output(j),
+            });
+        }
+    }
+    // Liveness: ops some output depends on.
+    let mut tneed = vec![false; n_t];
+    for &t in &output_ids {
+        tneed[t] = true;
+    }
+    let mut opneed = vec![false; g.ops.len()];
+    for (i, op) in g.ops.iter().enumerate().rev() {
+        if op.outputs.iter().any(|&t| tneed[t]) {
+            opneed[i] = true;
+            for &t in &op.inputs {
+                tneed[t] = true;
+            }
+        }
+    }
+    let mut workspace = 0usize;
+    for (i, op) in g.ops.iter().enumerate() {
+        if !opneed[i] {
+            continue;
+        }
+        for &t in &op.outputs {
+            if buf[t].is_none() {
+                let dims = g.tensors[t].dims.clone();
+                let bytes = dims.iter().product::<usize>() * 4;
+                buf[t] = Some(DevBuffer {
+                    strides: dk::dense(&dims),
+                    dims,
+                    storage: Storage::F32,
+                    location: BufferRef::Workspace(workspace),
+                });
+                workspace += bytes.div_ceil(WORKSPACE_ALIGN) * WORKSPACE_ALIGN;
+            }
+        }
+    }
+    let get = |t: TensorId| -> Result<&DevBuffer> {
+        buf[t].as_ref().ok_or_else(|| Error::Unsupported(format!("internal error: tensor #{t} has no buffer")))
+    };
+
+    let mut kernels: Vec<KernelSpec> = Vec::new();
+    let mut bodies: Vec<String> = Vec::new();
+    for (i, op) in g.ops.iter().enumerate() {
+        if !opneed[i] || matches!(op.kind, KernelOpKind::Input { .. }) {
+            continue;
+        }
+        let ins: Vec<&DevBuffer> = op.inputs.iter().map(|&t| get(t)).collect::<Result<_>>()?;
+        let outs: Vec<&DevBuffer> = op.outputs.iter().map(|&t| get(t)).collect::<Result<_>>()?;
+        let name = format!("mi_k{i}_{}", op.kind.name());
+        let kind = op.kind.name();
+        let (src, grid, block, smem) = match &op.kind {
+            KernelOpKind::Customized { graph } => {
+                let in_bufs: Vec<DevBuffer> = ins.iter().map(|b| (*b).clone()).collect();
+                let out_bufs: Vec<DevBuffer> = outs.iter().map(|b| (*b).clone()).collect();
+                let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs)?;
+                let grid = graph.grid_dim.map(|x| x as u32);
+                let block = graph.block_dim.map(|x| x as u32);
+                (e.source, grid, block, e.smem_bytes)
+            }
+            kind => {
+                let out = outs[0];
+                let e = match kind {
+                    KernelOpKind::Matmul => dk::matmul(&name, ins[0], ins[1], out)?,
+                    KernelOpKind::Unary { op: u } => dk::elementwise(&name, &Ew::Unary(*u), &ins, out)?,
+                    KernelOpKind::Binary { op: b } => dk::elementwise(&name, &Ew::Binary(*b), &ins, out)?,
+                    KernelOpKind::Reduction { dim } => dk::reduction(&name, *dim, ins[0], out)?,
+                    KernelOpKind::RmsNorm { normalized_ndims } => {
+                        dk::rms_norm(&name, *normalized_ndims, ins[0], ins.get(1).copied(), out)?
+                    }
+                    KernelOpKind::Softmax { dim } => dk::softmax(&name, *dim, ins[0], out)?,
+                    KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => {
+                        return Err(Error::Unsupported("internal error: op handled above".into()))
+                    }
+                };
+                (e.source, e.grid, e.block, e.smem_bytes)
+            }
+        };
+        if let Some(limit) = opts.smem_limit {
+            if smem > limit {
+                return Err(Error::SharedMemory { kernel: name, needed: smem, limit });
+            }
+        }
+        let mut args: Vec<BufferRef> = ins.iter().map(|b| b.location).collect();
+        args.extend(outs.iter().map(|b| b.location));
+        kernels.push(KernelSpec { name, kind, op: i, grid, block, smem_bytes: smem, args });
+        bodies.push(src);
+    }
+    for (j, t) in copies {
+        let src = get(t)?;
+        let d = &g.tensors[t];
+        let out = DevBuffer {
+            dims: d.dims.clone(),
+            strides: out_strides[j].clone(),
+            storage: Storage::of(d.dtype),
+            location: BufferRef::Output(j),
+        };
+        let name = format!("mi_copy_out{j}");
+        let e = dk::elementwise(&name, &Ew::Copy, &[src], &out)?;
+        kernels.push(KernelSpec {
+            name,
+            kind: "copy",
+            op: g.ops.len(),
+            grid: e.grid,
+            block: e.block,
+            smem_bytes: 0,
+            args: vec![src.location, out.location],
+        });
+        bodies.push(e.source);
+    }
+
+    let mut source = String::new();
+    source.push_str(&format!(
+        "// Generated by mirage-codegen {} for sm_{}: {} kernel(s). Self-contained apart from CUDA's headers.\n",
+        env!("CARGO_PKG_VERSION"),
+        opts.arch,
+        kernels.len()
+    ));
+    source.push_str(RUNTIME_HEADER);
+    source.push_str("\n// ---------------------------------------------------------------- generated kernels\n");
+    for b in &bodies {
+        source.push('\n');
+        source.push_str(b);
+    }
+    let inputs = input_ids
+        .iter()
+        .zip(&input_strides)
+        .map(|(&t, s)| TensorDesc { dims: g.tensors[t].dims.clone(), strides: s.clone(), dtype: g.tensors[t].dtype })
+        .collect();
+    let outputs = output_ids
+        .iter()
+        .zip(&out_strides)
+        .map(|(&t, s)| TensorDesc { dims: g.tensors[t].dims.clone(), strides: s.clone(), dtype: g.tensors[t].dtype })
+        .collect();
+    Ok(Program { source, arch: opts.arch, kernels, inputs, outputs, workspace_bytes: workspace })
+}

@@ -1,0 +1,392 @@
+//! Compiling generated CUDA to CUBIN with NVRTC: library and header discovery, compilation
+//! for an exact architecture, and an in-memory plus on-disk cache keyed by source hash, arch,
+//! NVRTC version and options.
+//!
+//! Library discovery (first that loads): `MIRAGE_NVRTC_PATH` (a file or a folder), paths
+//! given to [`configure`] (the Python package passes the nvidia pip packages next to torch),
+//! `CUDA_HOME`/`CUDA_PATH`, `/usr/local/cuda`, then the dynamic loader's own search. A
+//! library found by path is preloaded (with its `libnvrtc-builtins` companion) so that the
+//! loader resolves NVRTC's soname to it. Headers: `MIRAGE_CUDA_INCLUDE` (`:`-separated),
+//! configured folders, the `include` folder beside the library, `CUDA_HOME`, `/usr/local/cuda`;
+//! a folder whose CUDA version matches NVRTC's is preferred.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::nvrtc::sys;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// Search paths handed in by the host application (the Python package).
+#[derive(Debug, Default, Clone)]
+struct Config {
+    lib_paths: Vec<PathBuf>,
+    include_dirs: Vec<PathBuf>,
+}
+
+/// A loaded NVRTC: its version, the library path it was preloaded from and the include dirs.
+#[derive(Debug, Clone)]
+pub struct NvrtcInfo {
+    /// `(major, minor)` of the loaded NVRTC.
+    pub version: (i32, i32),
+    /// The library file preloaded by path, if any (else the loader's own choice).
+    pub library: Option<PathBuf>,
+    /// Include folders passed to every compile.
+    pub include_dirs: Vec<PathBuf>,
+}
+
+fn config() -> &'static Mutex<Config> {
+    static C: OnceLock<Mutex<Config>> = OnceLock::new();
+    C.get_or_init(|| Mutex::new(Config::default()))
+}
+
+fn loaded() -> &'static Mutex<Option<NvrtcInfo>> {
+    static L: OnceLock<Mutex<Option<NvrtcInfo>>> = OnceLock::new();
+    L.get_or_init(|| Mutex::new(None))
+}
+
+/// Libraries preloaded by path; kept loaded for the life of the process.
+fn keep() -> &'static Mutex<Vec<libloading::os::unix::Library>> {
+    static K: OnceLock<Mutex<Vec<libloading::os::unix::Library>>> = OnceLock::new();
+    K.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Adds search paths for the NVRTC library (files or folders) and CUDA include folders.
+/// Takes effect for the next [`info`] call that has not yet found NVRTC.
+pub fn configure(lib_paths: &[PathBuf], include_dirs: &[PathBuf]) {
+    if let Ok(mut c) = config().lock() {
+        for p in lib_paths {
+            if !c.lib_paths.contains(p) {
+                c.lib_paths.push(p.clone());
+            }
+        }
+        for p in include_dirs {
+            if !c.include_dirs.contains(p) {
+                c.include_dirs.push(p.clone());
+            }
+        }
+    }
+}
+
+fn env_paths(var: &str) -> Vec<PathBuf> {
+    std::env::var_os(var).map(|v| std::env::split_paths(&v).collect()).unwrap_or_default()
+}
+
+fn cuda_roots() -> Vec<PathBuf> {
+    let mut r: Vec<PathBuf> =
+        ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"].iter().filter_map(|v| std::env::var_os(v).map(PathBuf::from)).collect();
+    r.push(PathBuf::from("/usr/local/cuda"));
+    r
+}
+
+/// Candidate NVRTC library files, in priority order.
+fn library_candidates(cfg: &Config) -> Vec<PathBuf> {
+    let mut dirs_or_files: Vec<PathBuf> = env_paths("MIRAGE_NVRTC_PATH");
+    dirs_or_files.extend(cfg.lib_paths.iter().cloned());
+    for root in cuda_roots() {
+        dirs_or_files.push(root.join("lib64"));
+        dirs_or_files.push(root.join("lib"));
+    }
+    let mut out = Vec::new();
+    for p in dirs_or_files {
+        if p.is_file() {
+            out.push(p);
+        } else if p.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(&p)
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|f| {
+                            f.file_name()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(|n| n.starts_with("libnvrtc.so") && !n.contains("builtins"))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            // Prefer the versioned soname (libnvrtc.so.13) over the dev symlink.
+            found.sort_by_key(|f| std::cmp::Reverse(f.to_string_lossy().len()));
+            out.extend(found);
+        }
+    }
+    out
+}
+
+/// Preloads `lib` (and the builtins library beside it) globally; returns whether it loaded.
+fn preload(lib: &Path) -> bool {
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    let mut keep = match keep().lock() {
+        Ok(k) => k,
+        Err(_) => return false,
+    };
+    if let Some(dir) = lib.parent() {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                let p = e.path();
+                let is_builtins =
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libnvrtc-builtins.so"));
+                if is_builtins {
+                    // SAFETY: loading NVRTC's builtins library runs only its own initialisers.
+                    if let Ok(l) = unsafe { Library::open(Some(&p), RTLD_NOW | RTLD_GLOBAL) } {
+                        keep.push(l);
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: loading NVRTC runs only its own initialisers.
+    match unsafe { Library::open(Some(lib), RTLD_NOW | RTLD_GLOBAL) } {
+        Ok(l) => {
+            keep.push(l);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+fn nvrtc_err(call: &'static str, r: sys::nvrtcResult) -> Error {
+    // SAFETY: nvrtcGetErrorString returns a static string for any result code.
+    let msg = unsafe {
+        let p = sys::nvrtcGetErrorString(r);
+        if p.is_null() {
+            format!("{r:?}")
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    };
+    Error::Nvrtc { call, msg }
+}
+
+/// Parses `#define CUDART_VERSION 13000` (or `CUDA_VERSION`) from a header folder.
+fn header_version(dir: &Path) -> Option<(i32, i32)> {
+    for (file, key) in [("cuda_runtime_api.h", "CUDART_VERSION"), ("cuda.h", "CUDA_VERSION")] {
+        let Ok(text) = std::fs::read_to_string(dir.join(file)) else { continue };
+        for l in text.lines() {
+            let mut it = l.split_whitespace();
+            if it.next() == Some("#define") && it.next() == Some(key) {
+                if let Some(v) = it.next().and_then(|v| v.parse::<i32>().ok()) {
+                    return Some((v / 1000, (v % 1000) / 10));
+                }
+            }
+        }
+    }
+    None
+}
+
+fn find_headers(cfg: &Config, lib: Option<&Path>, version: (i32, i32)) -> Result<Vec<PathBuf>> {
+    let mut cands: Vec<PathBuf> = env_paths("MIRAGE_CUDA_INCLUDE");
+    cands.extend(cfg.include_dirs.iter().cloned());
+    if let Some(dir) = lib.and_then(Path::parent).and_then(Path::parent) {
+        cands.push(dir.join("include"));
+    }
+    for root in cuda_roots() {
+        cands.push(root.join("include"));
+    }
+    let with_fp16: Vec<PathBuf> = cands.into_iter().filter(|d| d.join("cuda_fp16.h").is_file()).collect();
+    let chosen = with_fp16
+        .iter()
+        .find(|d| header_version(d) == Some(version))
+        .or_else(|| with_fp16.first())
+        .cloned()
+        .ok_or_else(|| {
+        Error::HeadersNotFound(format!(
+            "no folder with cuda_fp16.h for NVRTC {}.{}; set MIRAGE_CUDA_INCLUDE to CUDA's include folder \
+                 (pip: site-packages/nvidia/cu13/include)",
+            version.0, version.1
+        ))
+    })?;
+    let mut dirs = vec![chosen.clone()];
+    let cccl = chosen.join("cccl");
+    if cccl.is_dir() {
+        dirs.push(cccl);
+    }
+    Ok(dirs)
+}
+
+/// Finds and loads NVRTC (once it succeeds, the result is kept); a clear error if it is absent.
+pub fn info() -> Result<NvrtcInfo> {
+    let mut slot = loaded().lock().map_err(|_| Error::NvrtcUnavailable("internal lock poisoned".into()))?;
+    if let Some(i) = slot.as_ref() {
+        return Ok(i.clone());
+    }
+    let cfg = config().lock().map(|c| c.clone()).unwrap_or_default();
+    let cands = library_candidates(&cfg);
+    let library = cands.iter().find(|c| preload(c)).cloned();
+    // SAFETY: probing only dlopens candidate names; a panic (none expected) is caught.
+    let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+    if !present {
+        return Err(Error::NvrtcUnavailable(format!(
+            "libnvrtc was not found (tried {cands:?} and the loader's search path); install the nvidia-cuda-nvrtc \
+             pip package or a CUDA toolkit, or set MIRAGE_NVRTC_PATH"
+        )));
+    }
+    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+    // SAFETY: the library is present; the out-pointers are valid.
+    let r = std::panic::catch_unwind(move || {
+        let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+        (r, major, minor)
+    });
+    let (r, major, minor) = r.map_err(|_| Error::NvrtcUnavailable("libnvrtc lacks nvrtcVersion".into()))?;
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(nvrtc_err("nvrtcVersion", r));
+    }
+    let include_dirs = find_headers(&cfg, library.as_deref(), (major, minor))?;
+    let i = NvrtcInfo { version: (major, minor), library, include_dirs };
+    *slot = Some(i.clone());
+    Ok(i)
+}
+
+/// Whether NVRTC can be loaded (see [`info`] for the reason when not).
+pub fn is_available() -> bool {
+    info().is_ok()
+}
+
+fn options(arch: u32, info: &NvrtcInfo) -> Vec<String> {
+    let mut o = vec![format!("--gpu-architecture=sm_{arch}"), "-std=c++17".into(), "-lineinfo".into()];
+    for d in &info.include_dirs {
+        o.push(format!("--include-path={}", d.display()));
+    }
+    o
+}
+
+fn mem_cache() -> &'static Mutex<HashMap<String, Arc<Vec<u8>>>> {
+    static M: OnceLock<Mutex<HashMap<String, Arc<Vec<u8>>>>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The on-disk cache folder: `MIRAGE_CACHE_DIR` (`off` disables), else
+/// `$XDG_CACHE_HOME/mirage/cubin`, else `~/.cache/mirage/cubin`.
+pub fn disk_cache_dir() -> Option<PathBuf> {
+    if let Some(v) = std::env::var_os("MIRAGE_CACHE_DIR") {
+        if v.is_empty() || v == "off" || v == "0" {
+            return None;
+        }
+        return Some(PathBuf::from(v).join("cubin"));
+    }
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(x).join("mirage").join("cubin"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("mirage").join("cubin"))
+}
+
+/// The cache key of a compile.
+fn cache_key(source: &str, arch: u32, info: &NvrtcInfo, opts: &[String]) -> String {
+    let mut h = Sha256::new();
+    h.update(source.as_bytes());
+    h.update(format!("\0sm_{arch}\0nvrtc {}.{}\0", info.version.0, info.version.1).as_bytes());
+    // Include folders only matter through their contents' version; options without them.
+    for o in opts.iter().filter(|o| !o.starts_with("--include-path")) {
+        h.update(o.as_bytes());
+        h.update([0]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compiles `source` to a CUBIN for `sm_{arch}`, through the in-memory and on-disk caches.
+/// A compile error returns NVRTC's log.
+pub fn compile(source: &str, arch: u32) -> Result<Arc<Vec<u8>>> {
+    let info = info()?;
+    let opts = options(arch, &info);
+    let key = cache_key(source, arch, &info, &opts);
+    if let Some(c) = mem_cache().lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return Ok(c);
+    }
+    let disk = disk_cache_dir().map(|d| d.join(format!("{key}.cubin")));
+    if let Some(bytes) = disk.as_ref().and_then(|p| std::fs::read(p).ok()).filter(|b| !b.is_empty()) {
+        let c = Arc::new(bytes);
+        if let Ok(mut m) = mem_cache().lock() {
+            m.insert(key, c.clone());
+        }
+        return Ok(c);
+    }
+    let cubin = Arc::new(compile_uncached(source, arch, &opts)?);
+    if let Some(p) = disk {
+        // Best effort: a cache that cannot be written is not an error.
+        if let Some(dir) = p.parent() {
+            if std::fs::create_dir_all(dir).is_ok() {
+                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+                if std::fs::write(&tmp, cubin.as_slice()).is_ok() {
+                    let _ = std::fs::rename(&tmp, &p);
+                }
+            }
+        }
+    }
+    if let Ok(mut m) = mem_cache().lock() {
+        m.insert(key, cubin.clone());
+    }
+    Ok(cubin)
+}
+
+/// Owns an NVRTC program handle.
+struct Prog(sys::nvrtcProgram);
+
+impl Drop for Prog {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from nvrtcCreateProgram and is destroyed once.
+        unsafe {
+            sys::nvrtcDestroyProgram(&mut self.0);
+        }
+    }
+}
+
+fn compile_uncached(source: &str, arch: u32, opts: &[String]) -> Result<Vec<u8>> {
+    let src = CString::new(source).map_err(|_| Error::Unsupported("source contains a NUL byte".into()))?;
+    let name = c"mirage_generated.cu";
+    let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: valid NUL-terminated strings; no headers passed.
+    let r = unsafe {
+        sys::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
+    };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(nvrtc_err("nvrtcCreateProgram", r));
+    }
+    let prog = Prog(prog);
+    let copts: Vec<CString> = opts
+        .iter()
+        .map(|o| CString::new(o.as_str()))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| Error::Unsupported("an NVRTC option contains a NUL byte".into()))?;
+    let ptrs: Vec<*const c_char> = copts.iter().map(|c| c.as_ptr()).collect();
+    // SAFETY: `ptrs` point into `copts`, alive for the call.
+    let r = unsafe { sys::nvrtcCompileProgram(prog.0, ptrs.len() as c_int, ptrs.as_ptr()) };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        let log = program_log(&prog).unwrap_or_else(|e| e.to_string());
+        return if r == sys::nvrtcResult::NVRTC_ERROR_COMPILATION {
+            Err(Error::Compile { arch, log })
+        } else {
+            Err(nvrtc_err("nvrtcCompileProgram", r))
+        };
+    }
+    let mut size = 0usize;
+    // SAFETY: valid program and out-pointer.
+    let r = unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(nvrtc_err("nvrtcGetCUBINSize", r));
+    }
+    let mut buf = vec![0u8; size];
+    // SAFETY: `buf` has the size NVRTC reported.
+    let r = unsafe { sys::nvrtcGetCUBIN(prog.0, buf.as_mut_ptr() as *mut c_char) };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(nvrtc_err("nvrtcGetCUBIN", r));
+    }
+    Ok(buf)
+}
+
+fn program_log(prog: &Prog) -> Result<String> {
+    let mut size = 0usize;
+    // SAFETY: valid program and out-pointer.
+    let r = unsafe { sys::nvrtcGetProgramLogSize(prog.0, &mut size) };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(nvrtc_err("nvrtcGetProgramLogSize", r));
+    }
+    let mut buf = vec![0u8; size.max(1)];
+    // SAFETY: `buf` has the size NVRTC reported.
+    let r = unsafe { sys::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr() as *mut c_char) };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(nvrtc_err("nvrtcGetProgramLog", r));
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}

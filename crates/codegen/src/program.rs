@@ -1,0 +1,152 @@
+//! What code generation produces: the CUDA source, the kernels to launch in order, and where
+//! every kernel argument's memory comes from (graph inputs, graph outputs, a workspace).
+
+use mirage_ugraph::DType;
+use serde_json::json;
+
+/// How a device tensor's elements are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Storage {
+    /// IEEE half (`__half`).
+    F16,
+    /// bfloat16 (`__nv_bfloat16`).
+    BF16,
+    /// IEEE single (`float`).
+    F32,
+}
+
+impl Storage {
+    /// The storage of a graph dtype.
+    pub fn of(dtype: DType) -> Storage {
+        match dtype {
+            DType::Float16 => Storage::F16,
+            DType::Bfloat16 => Storage::BF16,
+            DType::Float32 => Storage::F32,
+        }
+    }
+
+    /// The CUDA C++ type name.
+    pub fn cty(self) -> &'static str {
+        match self {
+            Storage::F16 => "mi::f16",
+            Storage::BF16 => "mi::bf16",
+            Storage::F32 => "float",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            Storage::F16 | Storage::BF16 => 2,
+            Storage::F32 => 4,
+        }
+    }
+
+    /// The dtype name (`float16`, `bfloat16`, `float32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Storage::F16 => "float16",
+            Storage::BF16 => "bfloat16",
+            Storage::F32 => "float32",
+        }
+    }
+}
+
+/// Where a kernel argument's device memory comes from at launch time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BufferRef {
+    /// The graph input with this position.
+    Input(usize),
+    /// The graph output with this position.
+    Output(usize),
+    /// Workspace memory at this byte offset (intermediate tensors between kernels).
+    Workspace(usize),
+}
+
+/// A tensor in device memory as the generated code sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevBuffer {
+    /// Logical dims.
+    pub dims: Vec<usize>,
+    /// Layout in elements.
+    pub strides: Vec<usize>,
+    /// Element storage.
+    pub storage: Storage,
+    /// Where its memory comes from.
+    pub location: BufferRef,
+}
+
+/// One kernel launch of a program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelSpec {
+    /// The `extern "C"` kernel name in the source.
+    pub name: String,
+    /// What the kernel computes (`customized`, `matmul`, `elementwise`, ...).
+    pub kind: &'static str,
+    /// Index of the kernel-graph op it implements.
+    pub op: usize,
+    /// Grid dims.
+    pub grid: [u32; 3],
+    /// Block dims.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block in bytes.
+    pub smem_bytes: usize,
+    /// The kernel's pointer arguments, in order.
+    pub args: Vec<BufferRef>,
+}
+
+/// Dims, dtype and layout of a graph input or output as the compiled program expects it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorDesc {
+    /// Dims.
+    pub dims: Vec<usize>,
+    /// Layout in elements.
+    pub strides: Vec<usize>,
+    /// Element type.
+    pub dtype: DType,
+}
+
+/// A generated program: the CUDA source and how to launch it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Program {
+    /// Complete CUDA C++ source (the runtime header is inlined; only CUDA's own headers are
+    /// included).
+    pub source: String,
+    /// Target architecture (e.g. 90 for sm_90).
+    pub arch: u32,
+    /// Kernels in launch order.
+    pub kernels: Vec<KernelSpec>,
+    /// Graph inputs in call order.
+    pub inputs: Vec<TensorDesc>,
+    /// Graph outputs in output order.
+    pub outputs: Vec<TensorDesc>,
+    /// Bytes of device workspace the launch needs (0: none).
+    pub workspace_bytes: usize,
+}
+
+impl Program {
+    /// Largest dynamic shared memory of any kernel, in bytes.
+    pub fn max_smem_bytes(&self) -> usize {
+        self.kernels.iter().map(|k| k.smem_bytes).max().unwrap_or(0)
+    }
+
+    /// A JSON summary of the launches (for inspection and the Python API).
+    pub fn launch_summary(&self) -> String {
+        let loc = |r: &BufferRef| match r {
+            BufferRef::Input(i) => format!("input{i}"),
+            BufferRef::Output(i) => format!("output{i}"),
+            BufferRef::Workspace(o) => format!("workspace+{o}"),
+        };
+        let kernels: Vec<_> = self
+            .kernels
+            .iter()
+            .map(|k| {
+                json!({
+                    "name": k.name, "kind": k.kind, "op": k.op, "grid": k.grid, "block": k.block,
+                    "smem_bytes": k.smem_bytes, "args": k.args.iter().map(loc).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        json!({ "arch": self.arch, "workspace_bytes": self.workspace_bytes, "kernels": kernels }).to_string()
+    }
+}

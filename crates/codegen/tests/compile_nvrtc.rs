@@ -1,0 +1,143 @@
+//! Every zoo µGraph (and its reference program of predefined ops) generates CUDA that NVRTC
+//! compiles for sm_80 and sm_90. Skipped, with a message, only when NVRTC cannot be found
+//! (set `MIRAGE_NVRTC_PATH`, or keep the repository's `.venv` with the nvidia pip packages).
+
+use std::path::PathBuf;
+
+use mirage_codegen::{generate, nvrtc, Options};
+use mirage_ugraph::zoo::{self, Attn};
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph, UnaryOp};
+
+/// Points NVRTC discovery at the repository's virtualenv when nothing else is configured.
+fn setup() -> bool {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut libs = Vec::new();
+    let mut incs = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(root.join(".venv/lib")) {
+        for e in rd.flatten() {
+            let cu = e.path().join("site-packages/nvidia/cu13");
+            libs.push(cu.join("lib"));
+            incs.push(cu.join("include"));
+        }
+    }
+    nvrtc::configure(&libs, &incs);
+    match nvrtc::info() {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("SKIPPED: NVRTC not found ({e}); set MIRAGE_NVRTC_PATH to run these tests");
+            false
+        }
+    }
+}
+
+fn compile_all(name: &str, g: &KernelGraph) {
+    for arch in [80, 90] {
+        let p = generate(g, &Options::for_arch(arch)).unwrap_or_else(|e| panic!("{name}: generate failed: {e}"));
+        if let Err(e) = nvrtc::compile(&p.source, arch) {
+            panic!("{name} (sm_{arch}) failed to compile: {e}\n--- source ---\n{}", p.source);
+        }
+    }
+}
+
+fn zoo_graphs(dt: DType) -> Vec<(String, KernelGraph)> {
+    let a = Attn { b: 2, h: 32, d: 64, s: 512, splits: 4, frange: 2, qsplit: 1 };
+    let mut pairs = vec![
+        zoo::rmsnorm_linear(4, 256, 512, 8, 4, dt).unwrap(),
+        zoo::gated_mlp(4, 256, 512, 8, 4, dt).unwrap(),
+        zoo::lora(4, 256, 512, 16, 8, 4, dt).unwrap(),
+        zoo::attention(a, false, dt).unwrap(),
+        zoo::attention(a, true, dt).unwrap(),
+        zoo::attention_online(a, dt).unwrap(),
+        zoo::ntrans(4, 512, dt).unwrap(),
+    ];
+    pairs.extend(zoo::paper_workloads(1).unwrap());
+    let mut out = Vec::new();
+    for p in pairs {
+        out.push((format!("{}/ugraph/{}", p.name, dt.name()), p.ugraph));
+        out.push((format!("{}/reference/{}", p.name, dt.name()), p.reference));
+    }
+    out
+}
+
+#[test]
+fn zoo_compiles_for_sm80_and_sm90() {
+    if !setup() {
+        return;
+    }
+    for dt in [DType::Float16, DType::Bfloat16, DType::Float32] {
+        for (name, g) in zoo_graphs(dt) {
+            compile_all(&name, &g);
+        }
+    }
+}
+
+#[test]
+fn kernel_ops_compile() {
+    if !setup() {
+        return;
+    }
+    for dt in [DType::Float16, DType::Bfloat16, DType::Float32] {
+        let mut g = KernelGraph::new();
+        let x = g.new_input(&[3, 5, 7], dt, None).unwrap();
+        let y = g.new_input(&[3, 1, 7], dt, Some(&[1, 1, 3])).unwrap();
+        let w = g.new_input(&[7], dt, None).unwrap();
+        let m = g.new_input(&[3, 7, 9], dt, None).unwrap();
+        let a = g.binary(BinaryOp::Add, x, y).unwrap();
+        let e = g.unary(UnaryOp::Gelu, a).unwrap();
+        let c = g.unary(UnaryOp::Clamp { min: -1.5, max: f32::INFINITY }, e).unwrap();
+        let r = g.reduction(c, 1).unwrap();
+        let n = g.rms_norm(a, &[7], Some(w)).unwrap();
+        let s = g.softmax(n, 1).unwrap();
+        let mm = g.matmul(s, m).unwrap();
+        let p = g.binary(BinaryOp::Pow, mm, mm).unwrap();
+        g.mark_output(r, None).unwrap();
+        g.mark_output(p, Some(&[1, 27, 3])).unwrap();
+        g.mark_output(x, None).unwrap();
+        compile_all(&format!("kernel ops {}", dt.name()), &g);
+    }
+}
+
+#[test]
+fn block_ops_compile() {
+    if !setup() {
+        return;
+    }
+    let dt = DType::Float16;
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[8, 64], dt, None).unwrap();
+    let y = g.new_input(&[8, 64], dt, None).unwrap();
+    let mut tb = BlockGraph::new([2, 2, 1], [96, 1, 1], 4, 4).unwrap();
+    let tx = tb.new_input(&[8, 64], dt, [0, -1, -1], 1).unwrap();
+    let ty = tb.new_input(&[8, 64], dt, [-1, 0, -1], -1).unwrap();
+    let c = tb.concat(tx, tx, 1).unwrap();
+    let r = tb.reduction(c, 0).unwrap();
+    let (mx, diff) = tb.reduction_max(tx, 1).unwrap();
+    let sq = tb.unary(UnaryOp::Sqrt, ty).unwrap();
+    let rn = tb.rms_norm(sq).unwrap();
+    let sc = tb.unary(UnaryOp::Exp, diff).unwrap();
+    let a1 = tb.forloop_accum(r, Accum::SumToDimx).unwrap();
+    let a2 = tb.forloop_accum_rescale(tx, sc, Accum::Sum).unwrap();
+    let a3 = tb.forloop_accum_max(mx).unwrap();
+    let a4 = tb.forloop_accum(tx, Accum::Mean).unwrap();
+    tb.new_output(a1, [0, 1, -1], -1).unwrap();
+    tb.new_output(a2, [0, 1, -1], -1).unwrap();
+    tb.new_output(a3, [0, 1, -1], -1).unwrap();
+    tb.new_output(a4, [0, 1, -1], -1).unwrap();
+    tb.new_output(rn, [0, 1, -1], -1).unwrap();
+    tb.new_output(c, [0, 1, -1], 1).unwrap();
+    let outs = g.customized(&[x, y], tb).unwrap();
+    for o in outs {
+        g.mark_output(o, None).unwrap();
+    }
+    compile_all("block ops", &g);
+}
+
+#[test]
+fn compile_error_returns_the_log() {
+    if !setup() {
+        return;
+    }
+    let err = nvrtc::compile("__global__ void k() { this is not cuda; }", 90).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("error"), "{msg}");
+}

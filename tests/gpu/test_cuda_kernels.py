@@ -1,0 +1,232 @@
+"""Generated CUDA kernels against the CPU interpreter (same graph, same inputs), and the input
+checks of the CUDA path. Needs a CUDA GPU (marked ``gpu``; skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+import mirage as mi
+import pytest
+import torch
+from mirage import _core, _cuda
+
+pytestmark = pytest.mark.gpu
+
+TOL = {mi.float32: 1e-4, mi.float16: 1e-2, mi.bfloat16: 2e-2}
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def _inputs(g: mi.KNGraph, seed: int, scale: float = 1.0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for t in g.inputs:
+        x = torch.randn(*t.dims, generator=gen) * scale
+        out.append(x.to(t.dtype.to_torch()))
+    return out
+
+
+def check(g: mi.KNGraph, dtype: mi.DType, seed: int = 0, scale: float = 1.0, inputs=None):
+    """Runs ``g`` on CUDA (outputs poisoned first) and on the interpreter; compares."""
+    cpu = inputs if inputs is not None else _inputs(g, seed, scale)
+    gpu = [x.cuda() for x in cpu]
+    outs = _cuda.run(g, gpu, poison=True)
+    torch.cuda.synchronize()
+    refs = g(inputs=cpu)
+    assert len(outs) == len(refs)
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        assert o.shape == r.shape and o.dtype == r.dtype, k
+        assert all(a == b for n, a, b in zip(o.shape, o.stride(), r.stride()) if n != 1), k
+        assert torch.isfinite(o).all(), f"output {k} has unwritten/NaN elements"
+        err = _rel(o, r)
+        assert err < TOL[dtype], f"output {k}: relative error {err:.3g}"
+    # The public path gives the same values.
+    again = g(inputs=gpu)
+    for o, a in zip(outs, again):
+        assert torch.equal(o, a)
+    return outs
+
+
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16, mi.float32])
+def test_kernel_ops(dtype):
+    g = mi.new_kernel_graph()
+    x = g.new_input((3, 5, 70), dtype=dtype)
+    y = g.new_input((3, 1, 70), strides=(1, 1, 3), dtype=dtype)
+    w = g.new_input((70,), dtype=dtype)
+    m = g.new_input((3, 70, 90), dtype=dtype)
+    a = g.add(x, y)
+    e = g.clamp(g.gelu(a), -1.5, 2.0)
+    r = g.reduction(g.relu(g.silu(e)), 2)
+    n = g.rms_norm(a, (70,), weight=w)
+    s = g.softmax(n, dim=1)
+    p = g.matmul(g.exp(s), m)
+    q = g.div(g.sqrt(g.square(p)), g.add(g.exp(g.clamp(p, -4.0, 4.0)), g.square(p)))
+    g.mark_output(r)
+    g.mark_output(q, strides=(1, 270, 3))
+    g.mark_output(x)
+    cpu = _inputs(g, 1)
+    # Input 1 has an explicit column-major layout: build it with those strides.
+    cpu[1] = torch.randn(70, 1, 3).to(dtype.to_torch()).permute(2, 1, 0)
+    assert cpu[1].stride()[::2] == (1, 3)
+    check(g, dtype, inputs=cpu)
+
+
+@pytest.mark.parametrize("dtype", [mi.float16, mi.float32])
+def test_big_softmax_and_reduction(dtype):
+    g = mi.new_kernel_graph()
+    x = g.new_input((4, 3000, 5), dtype=dtype)
+    g.mark_output(g.softmax(x, dim=1))
+    g.mark_output(g.reduction(x, 1))
+    g.mark_output(g.rms_norm(x, (3000, 5)))
+    check(g, dtype, scale=3.0)
+
+
+def _zoo(name: str, dtype: str, params: list[int]) -> tuple[mi.KNGraph, mi.KNGraph]:
+    ref, ug = _core.zoo_json(name, dtype, params)
+    return mi.from_json(ref), mi.from_json(ug)
+
+
+ZOO = [
+    ("rmsnorm_linear", [4, 256, 512, 8, 4]),
+    ("gated_mlp", [3, 256, 512, 8, 4]),
+    ("lora", [5, 256, 512, 16, 8, 4]),
+    ("attention", [2, 32, 64, 512, 4, 2]),
+    ("qknorm_attention", [2, 32, 64, 512, 4, 2]),
+    ("attention_online", [2, 32, 64, 512, 4, 2]),
+    ("ntrans", [4, 512]),
+]
+
+
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16, mi.float32])
+@pytest.mark.parametrize("name,params", ZOO)
+def test_zoo_against_interpreter(name, params, dtype):
+    ref, ug = _zoo(name, dtype.name, params)
+    cpu = _inputs(ug, 7, scale=0.5)
+    check(ug, dtype, inputs=cpu)
+    check(ref, dtype, inputs=cpu)
+
+
+def _block_graph(dtype: mi.DType, threads: int):
+    g = mi.new_kernel_graph()
+    X = g.new_input((8, 64), dtype=dtype)
+    Y = g.new_input((8, 64), dtype=dtype)
+    tb = mi.new_threadblock_graph((2, 2, 1), (threads, 1, 1), 4, 4)
+    tx = tb.new_input(X, (0, -1, -1), 1)
+    ty = tb.new_input(Y, (-1, 0, -1), -1)
+    c = tb.concat(tx, tb.exp(tx), 1)
+    r = tb.reduction(c, 0)
+    mx, diff = tb.reduction_max(tx, 1)
+    rn = tb.rms_norm(tb.sqrt(tb.square(ty)))
+    a1 = tb.forloop_accum(r, "sum_todimx")
+    a2 = tb.forloop_accum_rescale(tx, tb.exp(diff), "sum")
+    a3 = tb.forloop_accum_max(mx)
+    a4 = tb.forloop_accum(tb.mul_scalar(tx, 0.5), "rms")
+    a5 = tb.forloop_accum(tx, "mean")
+    a6 = tb.forloop_accum(tb.sub(tx, mx), None)
+    for t in (a1, a2, a3, a4, a5, a6, rn):
+        tb.new_output(t, (0, 1, -1), -1)
+    tb.new_output(c, (0, 1, -1), 1)
+    for o in g.customized([X, Y], tb):
+        g.mark_output(o)
+    return g
+
+
+@pytest.mark.parametrize("threads", [128, 100])
+@pytest.mark.parametrize("dtype", [mi.float16, mi.float32])
+def test_block_ops(dtype, threads):
+    check(_block_graph(dtype, threads), dtype)
+
+
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16, mi.float32])
+def test_block_matmul_shapes(dtype):
+    # Odd tile sizes (tensor-core padding) and batched tiles with a 3-axis grid.
+    g = mi.new_kernel_graph()
+    A = g.new_input((6, 20, 48), dtype=dtype)
+    B = g.new_input((6, 48, 12), dtype=dtype)
+    tb = mi.new_threadblock_graph((3, 2, 2), (64, 1, 1), 3, 4)
+    ta = tb.new_input(A, (0, 1, -1), 2)
+    tbb = tb.new_input(B, (0, -1, 2), 1)
+    acc = tb.forloop_accum(tb.matmul(ta, tbb), None)
+    tb.new_output(tb.silu(acc), (0, 1, 2), -1)
+    tb.new_output(tb.matmul(ta, tbb), (0, 1, 2), 2)
+    for o in g.customized([A, B], tb):
+        g.mark_output(o)
+    check(g, dtype)
+
+
+def test_online_attention_large_logits():
+    # Logits up to about +-30 in fp16: exp overflows fp16 but our internals are fp32.
+    ref, ug = _zoo("attention", "float16", [2, 32, 64, 512, 4, 2])
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 32, 64, generator=gen)
+    k = torch.randn(2, 64, 512, generator=gen)
+    v = torch.randn(2, 512, 64, generator=gen)
+    q = q * (30.0 / (q @ k).abs().max())
+    cpu = [t.half() for t in (q, k, v)]
+    logits = cpu[0].float() @ cpu[1].float()
+    expect = torch.softmax(logits.double(), -1) @ cpu[2].double()
+    for g in (ug, ref, _zoo("attention_online", "float16", [2, 32, 64, 512, 4, 2])[1]):
+        (out,) = _cuda.run(g, [t.cuda() for t in cpu], poison=True)
+        assert _rel(out, expect) < 1e-2
+
+
+def test_input_checks():
+    g = mi.new_kernel_graph()
+    x = g.new_input((4, 8), dtype=mi.float16)
+    y = g.new_input((4, 8), dtype=mi.float16)
+    g.mark_output(g.add(x, y))
+    a = torch.randn(4, 8, device="cuda").half()
+    with pytest.raises(ValueError, match="same CUDA device|on cpu"):
+        g(inputs=[a, a.cpu()])
+    with pytest.raises(TypeError, match="dtype"):
+        g(inputs=[a, a.float()])
+    with pytest.raises(ValueError, match="shape"):
+        g(inputs=[a, a[:2]])
+    with pytest.raises(ValueError, match="strides"):
+        g(inputs=[a, torch.randn(8, 4, device="cuda").half().t()])
+    with pytest.raises(TypeError):
+        g(inputs=[a, 3.0])
+    with pytest.raises(ValueError, match="2 inputs"):
+        g(inputs=[a])
+    mi.set_gpu_device_id(1)
+    try:
+        with pytest.raises(ValueError, match="set_gpu_device_id"):
+            g(inputs=[a, a])
+    finally:
+        mi.set_gpu_device_id(0)
+    (out,) = g(inputs=[a, a])
+    assert torch.equal(out, a + a)
+
+
+def test_side_stream_and_cache():
+    g = mi.new_kernel_graph()
+    x = g.new_input((64, 64), dtype=mi.float32)
+    g.mark_output(g.exp(x))
+    a = torch.randn(64, 64, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        (o1,) = g(inputs=[a])
+    (o2,) = g(inputs=[a], stream=s)
+    s.synchronize()
+    torch.testing.assert_close(o1, torch.exp(a))
+    torch.testing.assert_close(o2, torch.exp(a))
+    assert _cuda.executable(g, 0) is _cuda.executable(g, 0)
+
+
+def test_save_codes(tmp_path):
+    g = mi.new_kernel_graph()
+    x = g.new_input((8, 8), dtype=mi.float32)
+    g.mark_output(g.relu(x))
+    g(inputs=[torch.randn(8, 8, device="cuda")], save_codes=str(tmp_path))
+    files = list(tmp_path.glob("*.cu"))
+    assert len(files) == 1 and "mi_k1_relu" in files[0].read_text()
+
+
+def test_shared_memory_limit_is_a_clear_error():
+    _, ug = _zoo("attention", "float16", [1, 1024, 64, 1024, 4, 1])
+    x = [t.cuda() for t in _inputs(ug, 0)]
+    with pytest.raises(RuntimeError, match="shared memory"):
+        ug(inputs=x)

@@ -1,0 +1,144 @@
+//! The static cost model that ranks candidates when no GPU profiles them.
+//!
+//! Per kernel launch: `time = max(DRAM bytes / DRAM bandwidth, L2 bytes / L2 bandwidth,
+//! flops / peak) / wave utilisation + launch overhead + loop steps * step latency`.
+//! A customized kernel reads each device input once from DRAM (replicated tiles are served by
+//! L2) and writes its outputs once; every tile load of every block and iteration is L2 traffic.
+//! Wave utilisation is `blocks / (waves * SMs)`: a grid smaller than the GPU leaves SMs idle.
+//! Predefined ops are library kernels: they move their operands and result once, at full
+//! utilisation. Defaults are the H100 numbers of mirage-facts section 7.
+
+use mirage_ugraph::{BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Phase};
+
+/// Machine parameters of the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostModel {
+    /// DRAM bandwidth, bytes per microsecond.
+    pub dram_bytes_per_us: f64,
+    /// L2 bandwidth, bytes per microsecond.
+    pub l2_bytes_per_us: f64,
+    /// Arithmetic peak, flops per microsecond.
+    pub flops_per_us: f64,
+    /// Fixed cost of one kernel launch, microseconds.
+    pub launch_us: f64,
+    /// Latency of one for-loop step (load, sync), microseconds.
+    pub loop_step_us: f64,
+    /// Streaming multiprocessors.
+    pub num_sms: usize,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            dram_bytes_per_us: 2.97e6,
+            l2_bytes_per_us: 8.0e6,
+            flops_per_us: 7.7e8,
+            launch_us: 1.25,
+            loop_step_us: 0.02,
+            num_sms: 132,
+        }
+    }
+}
+
+/// The modelled cost of a µGraph.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Cost {
+    /// Estimated run time, microseconds (the ranking key).
+    pub est_us: f64,
+    /// Bytes moved to and from device memory.
+    pub dram_bytes: u64,
+    /// Bytes of tile loads (served by L2 when repeated).
+    pub l2_bytes: u64,
+    /// Arithmetic operations.
+    pub flops: u64,
+    /// Kernel launches.
+    pub launches: usize,
+    /// Largest shared-memory footprint of one block (upper bound before planning), bytes.
+    pub shared_memory: usize,
+}
+
+impl Cost {
+    fn add(&mut self, o: Cost) {
+        self.est_us += o.est_us;
+        self.dram_bytes += o.dram_bytes;
+        self.l2_bytes += o.l2_bytes;
+        self.flops += o.flops;
+        self.launches += o.launches;
+        self.shared_memory = self.shared_memory.max(o.shared_memory);
+    }
+}
+
+fn numel(d: &[usize]) -> u64 {
+    d.iter().map(|&x| x as u64).product()
+}
+
+fn matmul_flops(a: &[usize], b: &[usize]) -> u64 {
+    let k = a.last().copied().unwrap_or(1) as u64;
+    let n = b.last().copied().unwrap_or(1) as u64;
+    2 * numel(&a[..a.len() - 1]) * k * n
+}
+
+/// Cost of one customized kernel.
+pub fn block_graph_cost(bg: &BlockGraph, m: &CostModel) -> Cost {
+    let blocks = bg.num_blocks() as u64;
+    let f = bg.forloop_range as u64;
+    let mut c = Cost { launches: 1, shared_memory: bg.shared_memory_upper_bound(), ..Cost::default() };
+    let mut flops_per_block = 0u64;
+    for op in &bg.ops {
+        let times = match op.outputs.first().map(|&t| bg.tensors[t].phase) {
+            Some(Phase::Loop) => f,
+            _ => 1,
+        };
+        let dims = |i: usize| bg.tensors[op.inputs[i]].dims.as_slice();
+        match &op.kind {
+            BlockOpKind::Input { dims: dev, dtype, .. } => {
+                let tile = &bg.tensors[op.outputs[0]];
+                c.dram_bytes += numel(dev) * dtype.size_bytes() as u64;
+                c.l2_bytes += numel(&tile.dims) * tile.dtype.size_bytes() as u64 * times * blocks;
+            }
+            BlockOpKind::Output { .. } => {
+                let t = &bg.tensors[op.inputs[0]];
+                c.dram_bytes += numel(&t.dims) * t.dtype.size_bytes() as u64 * blocks;
+            }
+            BlockOpKind::Matmul => flops_per_block += matmul_flops(dims(0), dims(1)) * times,
+            BlockOpKind::RmsNorm => flops_per_block += 3 * numel(dims(0)) * times,
+            // Accumulators run every iteration on their input.
+            k if k.is_accumulator() => flops_per_block += numel(dims(0)) * f,
+            _ => flops_per_block += numel(&bg.tensors[op.outputs[0]].dims) * times,
+        }
+    }
+    c.flops = flops_per_block * blocks;
+    let sms = m.num_sms.max(1) as u64;
+    let waves = blocks.div_ceil(sms).max(1);
+    let util = blocks as f64 / (waves * sms) as f64;
+    let busy = (c.dram_bytes as f64 / m.dram_bytes_per_us)
+        .max(c.l2_bytes as f64 / m.l2_bytes_per_us)
+        .max(c.flops as f64 / m.flops_per_us);
+    c.est_us = busy / util + m.launch_us + f as f64 * m.loop_step_us;
+    c
+}
+
+/// Cost of a whole kernel graph (predefined ops and customized kernels).
+pub fn kernel_graph_cost(g: &KernelGraph, m: &CostModel) -> Cost {
+    let mut total = Cost::default();
+    for op in &g.ops {
+        let bytes = |t: usize| numel(&g.tensors[t].dims) * g.tensors[t].dtype.size_bytes() as u64;
+        let c = match &op.kind {
+            KernelOpKind::Input { .. } => continue,
+            KernelOpKind::Customized { graph } => block_graph_cost(graph, m),
+            kind => {
+                let io: u64 = op.inputs.iter().chain(&op.outputs).map(|&t| bytes(t)).sum();
+                let d = |i: usize| g.tensors[op.inputs[i]].dims.as_slice();
+                let flops = match kind {
+                    KernelOpKind::Matmul => matmul_flops(d(0), d(1)),
+                    KernelOpKind::RmsNorm { .. } | KernelOpKind::Softmax { .. } => 3 * numel(d(0)),
+                    _ => numel(d(0)),
+                };
+                let busy = (io as f64 / m.dram_bytes_per_us).max(flops as f64 / m.flops_per_us);
+                Cost { est_us: busy + m.launch_us, dram_bytes: io, l2_bytes: 0, flops, launches: 1, shared_memory: 0 }
+            }
+        };
+        total.add(c);
+    }
+    total
+}

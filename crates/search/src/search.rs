@@ -1,0 +1,587 @@
+//! The kernel-level search and [`superoptimize`].
+//!
+//! Iterative deepening over the number of kernel ops (1, then 2, ... up to `max_kernel_ops`):
+//! every op but the last is *intermediate* (a predefined op, or a customized kernel whose
+//! outputs later ops consume), the last one is *final* (it produces exactly the target outputs
+//! and consumes every tensor not consumed yet). Intermediate kernels are grouped by what they
+//! output (dims, labels, term): each group continues once, with its `keep_per_signature`
+//! cheapest block graphs as alternatives. Work is split with rayon over kernel-level states
+//! and, inside each block search, over configurations; results are collected in order and
+//! sorted by (cost, graph hash), so the candidate set does not depend on the thread count.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mirage_ugraph::types::row_major_strides;
+use mirage_ugraph::{graph_hash, BinaryOp, KernelGraph, KernelOpKind, UnaryOp};
+use rayon::prelude::*;
+
+use crate::axioms::SaturationReport;
+use crate::config::SearchConfig;
+use crate::control::{Control, StopReason};
+use crate::cost::{kernel_graph_cost, Cost};
+use crate::error::{Result, SearchError};
+use crate::expr::{op_term, OpRef};
+use crate::generator::{count_plans, search_block_graphs, BlockSolution, Env, Mode, TensorInfo};
+use crate::labels::{analyze, Label};
+use crate::oracle::ExprOracle;
+use crate::verify::{verify_candidate, Verification};
+
+/// A µGraph equivalent (abstractly, and as checked) to the reference.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The kernel graph (same inputs in the same order, same outputs).
+    pub graph: KernelGraph,
+    /// Its modelled cost.
+    pub cost: Cost,
+    /// Its structural hash ([`mirage_ugraph::graph_hash`]).
+    pub hash: String,
+    /// Customized (block-graph) kernels in it.
+    pub customized_kernels: usize,
+    /// The outcome of checking it.
+    pub verification: Verification,
+}
+
+/// Statistics of one search.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchStats {
+    /// Block-graph states visited (prefixes that passed every check).
+    pub states_visited: u64,
+    /// Candidate ops pruned because their abstract expression is not in the target's e-graph.
+    pub pruned_by_expression: u64,
+    /// States pruned by limits: shared memory, op count (with the ops completion still needs).
+    pub pruned_by_limits: u64,
+    /// Candidate ops rejected as ill-typed (shapes, labels, loop phases).
+    pub ill_typed: u64,
+    /// Block-graph configurations (grid, maps, loop, block dims) explored.
+    pub configurations: u64,
+    /// Complete block graphs found (final and intermediate).
+    pub block_graphs: u64,
+    /// Distinct candidate µGraphs found.
+    pub candidates: usize,
+    /// Candidates checked and found equivalent.
+    pub verified: usize,
+    /// Candidates checked and found wrong (dropped from the result).
+    pub verification_failed: usize,
+    /// Graphs the IR builder rejected after the generator accepted them (should be 0).
+    pub builder_rejects: u64,
+    /// Deepest number of kernel ops explored.
+    pub kernel_ops_explored: usize,
+    /// Wall time of the whole search, saturation and verification included.
+    pub elapsed: Duration,
+    /// What the e-graph saturation did (see `limit_hit`).
+    pub saturation: SaturationReport,
+}
+
+/// The result of [`superoptimize`].
+#[derive(Debug, Clone)]
+pub struct SearchResult {
+    /// Candidates, cheapest first by the cost model; the cheapest `VerifyOptions::top_n` are
+    /// checked (see [`Candidate::verification`]), candidates that failed are dropped.
+    pub candidates: Vec<Candidate>,
+    /// Statistics.
+    pub stats: SearchStats,
+    /// Set when the time budget or the cancellation flag stopped the search early.
+    pub stopped: Option<StopReason>,
+    /// Why `candidates` is empty, when it is.
+    pub empty_reason: Option<String>,
+}
+
+impl SearchResult {
+    /// The cheapest candidate that passed checking, preferring ones that are also numerically
+    /// stable in their own precision over [`Verification::Unstable`] ones.
+    pub fn best(&self) -> Option<&Candidate> {
+        let stable = self.candidates.iter().find(|c| c.verification == Verification::Passed);
+        stable.or_else(|| self.candidates.iter().find(|c| c.verification.passed()))
+    }
+}
+
+#[derive(Clone)]
+struct KTensor {
+    info: TensorInfo,
+    consumed: bool,
+}
+
+#[derive(Clone)]
+enum KStep {
+    Predefined { kind: KernelOpKind, inputs: Vec<usize> },
+    Customized { inputs: Vec<usize>, alts: Vec<Arc<BlockSolution>> },
+}
+
+#[derive(Clone)]
+struct KState {
+    tensors: Vec<KTensor>,
+    steps: Vec<KStep>,
+    customized: usize,
+}
+
+impl KState {
+    fn push(&self, step: KStep, outputs: Vec<TensorInfo>) -> KState {
+        let mut s = self.clone();
+        let ins = match &step {
+            KStep::Predefined { inputs, .. } | KStep::Customized { inputs, .. } => inputs.clone(),
+        };
+        for i in ins {
+            s.tensors[i].consumed = true;
+        }
+        if matches!(step, KStep::Customized { .. }) {
+            s.customized += 1;
+        }
+        s.tensors.extend(outputs.into_iter().map(|info| KTensor { info, consumed: false }));
+        s.steps.push(step);
+        s
+    }
+
+    fn has(&self, info: &TensorInfo) -> bool {
+        self.tensors.iter().any(|t| t.info == *info)
+    }
+}
+
+struct Ctx<'a> {
+    env: Env<'a>,
+    targets: Vec<TensorInfo>,
+}
+
+/// Searches µGraphs equivalent to `reference` (a program of predefined ops with marked
+/// outputs, or whose unconsumed tensors are its outputs) and returns them cheapest first.
+///
+/// ```
+/// use mirage_search::{superoptimize, SearchConfig};
+/// use mirage_ugraph::zoo;
+/// let pair = zoo::rmsnorm_linear(16, 256, 256, 4, 4, mirage_ugraph::DType::Float16).unwrap();
+/// let cfg = SearchConfig { max_kernel_ops: 1, ..SearchConfig::default() };
+/// let result = superoptimize(&pair.reference, &cfg).unwrap();
+/// let best = result.best().expect("a fused kernel");
+/// assert_eq!(best.customized_kernels, 1);
+/// ```
+pub fn superoptimize(reference: &KernelGraph, cfg: &SearchConfig) -> Result<SearchResult> {
+    check_config(cfg)?;
+    match cfg.num_threads {
+        Some(n) => {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(|e| SearchError::ThreadPool { threads: n, why: e.to_string() })?;
+            pool.install(|| run(reference, cfg))
+        }
+        None => run(reference, cfg),
+    }
+}
+
+fn check_config(cfg: &SearchConfig) -> Result<()> {
+    let bad = |name: &'static str, why: &str| Err(SearchError::InvalidConfig { name, why: why.to_string() });
+    if cfg.max_block_ops < 2 {
+        return bad("max_block_ops", "must be at least 2 (an input and an output)");
+    }
+    if cfg.max_kernel_ops == 0 {
+        return bad("max_kernel_ops", "must be at least 1");
+    }
+    if cfg.franges().is_empty() || cfg.franges().contains(&0) {
+        return bad("franges", "must be a non-empty list of positive loop ranges");
+    }
+    if cfg.grid_sizes.contains(&0) {
+        return bad("grid_sizes", "must be positive");
+    }
+    if cfg.blockdims().iter().any(|b| b.contains(&0) || b.iter().product::<usize>() > 1024) {
+        return bad("blockdims", "each must have 1 to 1024 threads and no zero entry");
+    }
+    if cfg.num_threads == Some(0) {
+        return bad("num_threads", "must be at least 1");
+    }
+    Ok(())
+}
+
+fn run(reference: &KernelGraph, cfg: &SearchConfig) -> Result<SearchResult> {
+    if reference.ops.is_empty() {
+        return Err(SearchError::EmptyGraph);
+    }
+    let out_ids = reference.output_ids();
+    if out_ids.is_empty() {
+        return Err(SearchError::NoOutput);
+    }
+    let labels = analyze(reference)?;
+    let oracle = ExprOracle::with_labels(reference, &labels, &cfg.sum_factors(), &cfg.saturation)?;
+    let ctl = Control::new(cfg);
+    let env =
+        Env { oracle: &oracle, labels: &labels, cfg, ctl: &ctl, franges: cfg.franges(), blockdims: cfg.blockdims() };
+    let in_ids = reference.input_ids();
+    let info = |t: usize, class| TensorInfo {
+        dims: reference.tensors[t].dims.clone(),
+        labels: labels.tensors[t].clone(),
+        class,
+        dtype: reference.tensors[t].dtype,
+    };
+    let inputs: Vec<TensorInfo> = in_ids.iter().zip(oracle.inputs()).map(|(&t, &c)| info(t, c)).collect();
+    let targets: Vec<TensorInfo> = out_ids.iter().zip(oracle.targets()).map(|(&t, &c)| info(t, Some(c))).collect();
+    let ctx = Ctx { env, targets };
+
+    let n_final = count_plans(&ctx.env, &inputs, Mode::Final(&ctx.targets));
+    let n_inter = count_plans(&ctx.env, &inputs, Mode::Intermediate);
+    if n_final == 0 && n_inter == 0 {
+        return Err(SearchError::Unsatisfiable(format!(
+            "no grid / input map / for-loop configuration fits the inputs {:?} (griddims {:?}, imaps {:?}, fmaps {:?}, franges {:?}, shared memory limit {} bytes)",
+            inputs.iter().map(|t| t.dims.clone()).collect::<Vec<_>>(),
+            cfg.griddims,
+            cfg.imaps,
+            cfg.fmaps,
+            cfg.franges(),
+            cfg.shared_memory_limit
+        )));
+    }
+
+    let start = KState {
+        tensors: inputs.iter().cloned().map(|info| KTensor { info, consumed: false }).collect(),
+        steps: vec![],
+        customized: 0,
+    };
+    let mut specs: Vec<Vec<KStep>> = Vec::new();
+    let mut explored = 0;
+    for depth in 1..=cfg.max_kernel_ops {
+        if ctl.stopped() {
+            break;
+        }
+        ctl.kernel_ops.store(depth, Relaxed);
+        ctl.report(true);
+        specs.extend(kernel_search(&ctx, &start, depth));
+        explored = depth;
+    }
+    ctl.report(true);
+
+    let mut candidates = build_candidates(reference, &ctx, &specs)?;
+    let total = candidates.len();
+    let (verified, failed) = verify_all(reference, cfg, &ctl, &mut candidates);
+    let c = &ctl.counters;
+    let stats = SearchStats {
+        states_visited: c.states.load(Relaxed),
+        pruned_by_expression: c.pruned_expr.load(Relaxed),
+        pruned_by_limits: c.pruned_limits.load(Relaxed),
+        ill_typed: c.ill_typed.load(Relaxed),
+        configurations: c.configurations.load(Relaxed),
+        block_graphs: c.block_graphs.load(Relaxed),
+        candidates: total,
+        verified,
+        verification_failed: failed,
+        builder_rejects: c.builder_rejects.load(Relaxed),
+        kernel_ops_explored: explored,
+        elapsed: ctl.start.elapsed(),
+        saturation: oracle.report().clone(),
+    };
+    let stopped = ctl.reason();
+    let empty_reason = candidates.is_empty().then(|| {
+        let mut why = match stopped {
+            Some(StopReason::TimeBudget) => "the time budget ran out before a candidate was found".to_string(),
+            Some(StopReason::Cancelled) => "the search was cancelled before a candidate was found".to_string(),
+            None if failed > 0 => format!("all {failed} candidates found failed verification"),
+            None => format!(
+                "no µGraph with at most {} kernel ops ({} customized) and {} ops per block graph computes the reference within the limits ({} configurations explored)",
+                cfg.max_kernel_ops, cfg.max_customized_ops, cfg.max_block_ops, stats.configurations
+            ),
+        };
+        if stats.saturation.limit_hit {
+            why.push_str(&format!("; e-graph saturation stopped at its {}, so valid candidates may have been pruned", stats.saturation.stop_reason));
+        }
+        why
+    });
+    Ok(SearchResult { candidates, stats, stopped, empty_reason })
+}
+
+/// Every candidate (as its list of kernel steps) with exactly `remaining` more kernel ops.
+fn kernel_search(ctx: &Ctx<'_>, state: &KState, remaining: usize) -> Vec<Vec<KStep>> {
+    if ctx.env.ctl.stopped() {
+        return Vec::new();
+    }
+    if remaining == 1 {
+        return final_moves(ctx, state);
+    }
+    let children = intermediate_moves(ctx, state);
+    children.par_iter().flat_map_iter(|c| kernel_search(ctx, c, remaining - 1)).collect()
+}
+
+/// Subsets (sorted tensor ids) of `0..n` that contain all of `required` and any of `optional`.
+fn subsets(required: &[usize], optional: &[usize]) -> Vec<Vec<usize>> {
+    let mut out = Vec::new();
+    for mask in 0u64..(1u64 << optional.len().min(16)) {
+        let mut s: Vec<usize> = required.to_vec();
+        s.extend(optional.iter().enumerate().filter(|(i, _)| mask >> i & 1 == 1).map(|(_, &t)| t));
+        if s.is_empty() {
+            continue;
+        }
+        s.sort_unstable();
+        out.push(s);
+    }
+    out
+}
+
+/// What an intermediate kernel outputs: dims, labels and e-class of each output.
+type Signature = Vec<(Vec<usize>, Vec<Label>, Option<usize>)>;
+
+fn intermediate_moves(ctx: &Ctx<'_>, state: &KState) -> Vec<KState> {
+    let targets: HashSet<_> = ctx.targets.iter().filter_map(|t| t.class).collect();
+    let mut children = Vec::new();
+    for (kind, ins, out) in predefined_ops(ctx, state) {
+        if out.class.is_some_and(|c| targets.contains(&c)) || state.has(&out) {
+            continue;
+        }
+        children.push(state.push(KStep::Predefined { kind, inputs: ins }, vec![out]));
+    }
+    if state.customized >= ctx.env.cfg.max_customized_ops {
+        return children;
+    }
+    let n = state.tensors.len();
+    let unconsumed: Vec<usize> = (0..n).filter(|&i| !state.tensors[i].consumed).collect();
+    let all: Vec<usize> = (0..n).collect();
+    let sets: Vec<Vec<usize>> =
+        subsets(&[], &all).into_iter().filter(|s| s.iter().any(|i| unconsumed.contains(i))).collect();
+    let found: Vec<(Vec<usize>, Vec<BlockSolution>)> = sets
+        .par_iter()
+        .map(|s| {
+            let infos: Vec<TensorInfo> = s.iter().map(|&i| state.tensors[i].info.clone()).collect();
+            (s.clone(), search_block_graphs(&ctx.env, &infos, Mode::Intermediate))
+        })
+        .collect();
+    for (set, sols) in found {
+        let mut groups: BTreeMap<Signature, Vec<BlockSolution>> = BTreeMap::new();
+        for sol in sols {
+            let sig =
+                sol.outputs.iter().map(|o| (o.dims.clone(), o.labels.clone(), o.class.map(usize::from))).collect();
+            groups.entry(sig).or_default().push(sol);
+        }
+        for (_, mut group) in groups {
+            if group[0].outputs.iter().all(|o| state.has(o)) {
+                continue;
+            }
+            group.sort_by(|a, b| a.cost.est_us.total_cmp(&b.cost.est_us).then(a.key.cmp(&b.key)));
+            group.truncate(ctx.env.cfg.keep_per_signature.max(1));
+            let outputs = group[0].outputs.clone();
+            let alts = group.into_iter().map(Arc::new).collect();
+            children.push(state.push(KStep::Customized { inputs: set.clone(), alts }, outputs));
+        }
+    }
+    children
+}
+
+fn final_moves(ctx: &Ctx<'_>, state: &KState) -> Vec<Vec<KStep>> {
+    let n = state.tensors.len();
+    let required: Vec<usize> = (0..n).filter(|&i| !state.tensors[i].consumed).collect();
+    let optional: Vec<usize> = (0..n).filter(|&i| state.tensors[i].consumed).collect();
+    let mut out = Vec::new();
+    if ctx.targets.len() == 1 {
+        for (kind, ins, info) in predefined_ops(ctx, state) {
+            if info == ctx.targets[0] && required.iter().all(|r| ins.contains(r)) {
+                let mut steps = state.steps.clone();
+                steps.push(KStep::Predefined { kind, inputs: ins });
+                out.push(steps);
+            }
+        }
+    }
+    if state.customized >= ctx.env.cfg.max_customized_ops {
+        return out;
+    }
+    let sets = subsets(&required, &optional);
+    let found: Vec<Vec<Vec<KStep>>> = sets
+        .par_iter()
+        .map(|s| {
+            let infos: Vec<TensorInfo> = s.iter().map(|&i| state.tensors[i].info.clone()).collect();
+            search_block_graphs(&ctx.env, &infos, Mode::Final(&ctx.targets))
+                .into_iter()
+                .map(|sol| {
+                    let mut steps = state.steps.clone();
+                    steps.push(KStep::Customized { inputs: s.clone(), alts: vec![Arc::new(sol)] });
+                    steps
+                })
+                .collect()
+        })
+        .collect();
+    out.extend(found.into_iter().flatten());
+    out
+}
+
+const KERNEL_UNARY: [UnaryOp; 6] =
+    [UnaryOp::Exp, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::Relu, UnaryOp::Sqrt, UnaryOp::Square];
+
+/// Predefined kernel ops on the state's tensors whose result is in the target's e-graph.
+fn predefined_ops(ctx: &Ctx<'_>, state: &KState) -> Vec<(KernelOpKind, Vec<usize>, TensorInfo)> {
+    let n = state.tensors.len();
+    let mut out = Vec::new();
+    let t = |i: usize| &state.tensors[i].info;
+    let mut emit = |kind: KernelOpKind, ins: Vec<usize>, dims: Vec<usize>, labels: Vec<Label>| {
+        let classes: Option<Vec<_>> = ins.iter().map(|&i| t(i).class).collect();
+        let Some(classes) = classes else { return };
+        let in_dims: Vec<&[usize]> = ins.iter().map(|&i| t(i).dims.as_slice()).collect();
+        let in_labels: Vec<&[Label]> = ins.iter().map(|&i| t(i).labels.as_slice()).collect();
+        let mut sink = ctx.env.oracle.sink();
+        if let Ok(Some(class)) = op_term(&mut sink, OpRef::Kernel(&kind), &classes, &in_dims, &in_labels) {
+            let info = TensorInfo { dims, labels, class: Some(class), dtype: t(ins[0]).dtype };
+            out.push((kind, ins, info));
+        }
+    };
+    for a in 0..n {
+        for u in KERNEL_UNARY {
+            emit(KernelOpKind::Unary { op: u }, vec![a], t(a).dims.clone(), t(a).labels.clone());
+        }
+        for b in 0..n {
+            let (x, y) = (t(a), t(b));
+            let r = x.dims.len();
+            if r >= 2
+                && y.dims.len() == r
+                && x.dims[r - 1] == y.dims[r - 2]
+                && x.labels[r - 1] == y.labels[r - 2]
+                && x.dims[..r - 2] == y.dims[..r - 2]
+                && x.labels[..r - 2] == y.labels[..r - 2]
+            {
+                let mut dims = x.dims.clone();
+                let mut labels = x.labels.clone();
+                dims[r - 1] = y.dims[r - 1];
+                labels[r - 1] = y.labels[r - 1];
+                emit(KernelOpKind::Matmul, vec![a, b], dims, labels);
+            }
+            if let Some((dims, labels)) = broadcast(x, y) {
+                if a <= b {
+                    for op in [BinaryOp::Add, BinaryOp::Mul] {
+                        emit(KernelOpKind::Binary { op }, vec![a, b], dims.clone(), labels.clone());
+                    }
+                }
+                if a != b {
+                    emit(KernelOpKind::Binary { op: BinaryOp::Div }, vec![a, b], dims, labels);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn broadcast(x: &TensorInfo, y: &TensorInfo) -> Option<(Vec<usize>, Vec<Label>)> {
+    if x.dims.len() != y.dims.len() {
+        return None;
+    }
+    let mut dims = x.dims.clone();
+    let mut labels = x.labels.clone();
+    for i in 0..dims.len() {
+        let (a, b) = (x.dims[i], y.dims[i]);
+        if a > 1 && b > 1 {
+            if a != b || x.labels[i] != y.labels[i] {
+                return None;
+            }
+        } else if b > 1 {
+            dims[i] = b;
+            labels[i] = y.labels[i];
+        }
+    }
+    Some((dims, labels))
+}
+
+/// Kernel graphs of every spec (each choice of alternatives), deduplicated, cheapest first.
+fn build_candidates(reference: &KernelGraph, ctx: &Ctx<'_>, specs: &[Vec<KStep>]) -> Result<Vec<Candidate>> {
+    let built: Vec<Result<Vec<Candidate>>> = specs
+        .par_iter()
+        .map(|steps| {
+            let mut out = Vec::new();
+            for choice in choices(steps) {
+                let g = build_graph(reference, ctx, steps, &choice)?;
+                let customized = g.ops.iter().filter(|o| matches!(o.kind, KernelOpKind::Customized { .. })).count();
+                out.push(Candidate {
+                    cost: kernel_graph_cost(&g, &ctx.env.cfg.cost_model),
+                    hash: graph_hash(&g),
+                    graph: g,
+                    customized_kernels: customized,
+                    verification: Verification::NotChecked,
+                });
+            }
+            Ok(out)
+        })
+        .collect();
+    let mut all = Vec::new();
+    for b in built {
+        all.extend(b?);
+    }
+    all.sort_by(|a, b| {
+        a.cost
+            .est_us
+            .total_cmp(&b.cost.est_us)
+            .then(a.cost.launches.cmp(&b.cost.launches))
+            .then(a.cost.shared_memory.cmp(&b.cost.shared_memory))
+            .then(a.hash.cmp(&b.hash))
+    });
+    all.dedup_by(|a, b| a.hash == b.hash);
+    Ok(all)
+}
+
+/// Every choice of one alternative per customized step.
+fn choices(steps: &[KStep]) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = vec![vec![]];
+    for s in steps {
+        let k = match s {
+            KStep::Customized { alts, .. } => alts.len().max(1),
+            KStep::Predefined { .. } => 1,
+        };
+        out = out.into_iter().flat_map(|c| (0..k).map(move |i| [c.clone(), vec![i]].concat())).collect();
+    }
+    out
+}
+
+fn build_graph(reference: &KernelGraph, ctx: &Ctx<'_>, steps: &[KStep], choice: &[usize]) -> Result<KernelGraph> {
+    let mut g = KernelGraph::new();
+    for op in &reference.ops {
+        if let KernelOpKind::Input { dims, dtype, strides } = &op.kind {
+            g.new_input(dims, *dtype, Some(strides))?;
+        }
+    }
+    let mut last_outputs = Vec::new();
+    for (s, &c) in steps.iter().zip(choice) {
+        last_outputs = match s {
+            KStep::Predefined { kind, inputs } => vec![match kind {
+                KernelOpKind::Matmul => g.matmul(inputs[0], inputs[1])?,
+                KernelOpKind::Unary { op } => g.unary(*op, inputs[0])?,
+                KernelOpKind::Binary { op } => g.binary(*op, inputs[0], inputs[1])?,
+                other => {
+                    return Err(SearchError::Unsupported {
+                        op: other.name().into(),
+                        why: "not a searched kernel op".into(),
+                    })
+                }
+            }],
+            KStep::Customized { inputs, alts } => g.customized(inputs, alts[c].graph.clone())?,
+        };
+    }
+    let ref_outs = reference.output_ids();
+    for (k, &t) in last_outputs.iter().enumerate().take(ctx.targets.len()) {
+        let strides = reference
+            .outputs
+            .iter()
+            .find(|o| o.tensor == ref_outs[k])
+            .map(|o| o.strides.clone())
+            .unwrap_or_else(|| row_major_strides(&reference.tensors[ref_outs[k]].dims));
+        g.mark_output(t, Some(&strides))?;
+    }
+    Ok(g)
+}
+
+/// Checks candidates cheapest first until `top_n` pass (or four times as many were tried);
+/// drops the failures. Returns (passed, failed).
+fn verify_all(
+    reference: &KernelGraph,
+    cfg: &SearchConfig,
+    ctl: &Control,
+    cands: &mut Vec<Candidate>,
+) -> (usize, usize) {
+    let want = cfg.verify.top_n;
+    let (mut passed, mut failed, mut next) = (0, 0, 0);
+    while passed < want && next < cands.len() && next < 4 * want.max(1) && !ctl.cancelled() {
+        let end = (next + (want - passed)).min(cands.len());
+        let results: Vec<Verification> =
+            cands[next..end].par_iter().map(|c| verify_candidate(reference, &c.graph, &cfg.verify)).collect();
+        for (c, v) in cands[next..end].iter_mut().zip(results) {
+            if v.passed() {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+            c.verification = v;
+        }
+        next = end;
+    }
+    cands.retain(|c| !matches!(c.verification, Verification::Failed(_)));
+    (passed, failed)
+}

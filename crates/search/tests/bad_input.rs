@@ -1,0 +1,117 @@
+//! Bad input never hangs: unsatisfiable settings, empty graphs, graphs without outputs,
+//! cancellation, tiny budgets; a graph with unmarked outputs is searched like a marked one.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mirage_search::{superoptimize, SearchConfig, SearchError, StopReason};
+use mirage_ugraph::{zoo, DType, KernelGraph, UnaryOp};
+
+fn small_rmsnorm() -> zoo::Pair {
+    zoo::rmsnorm_linear(16, 512, 512, 8, 8, DType::Float16).expect("zoo")
+}
+
+#[test]
+fn griddims_that_divide_nothing_is_a_clear_error() {
+    let cfg = SearchConfig { griddims: Some(vec![[7, 1, 1]]), ..SearchConfig::default() };
+    let t = Instant::now();
+    match superoptimize(&small_rmsnorm().reference, &cfg) {
+        Err(SearchError::Unsatisfiable(why)) => assert!(why.contains("griddims"), "{why}"),
+        other => panic!("expected Unsatisfiable, got {other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn imaps_that_fit_no_configuration_is_a_clear_error() {
+    let cfg = SearchConfig { imaps: Some(vec![[3, 3, 3]]), ..SearchConfig::default() };
+    assert!(matches!(superoptimize(&small_rmsnorm().reference, &cfg), Err(SearchError::Unsatisfiable(_))));
+}
+
+#[test]
+fn too_few_block_ops_gives_an_empty_result_with_a_reason() {
+    let cfg = SearchConfig { max_block_ops: 4, max_kernel_ops: 1, ..SearchConfig::default() };
+    let r = superoptimize(&small_rmsnorm().reference, &cfg).expect("search runs");
+    assert!(r.candidates.is_empty());
+    let why = r.empty_reason.expect("a reason");
+    assert!(why.contains("4 ops per block graph"), "{why}");
+}
+
+#[test]
+fn empty_graph_is_an_error() {
+    assert!(matches!(superoptimize(&KernelGraph::new(), &SearchConfig::default()), Err(SearchError::EmptyGraph)));
+}
+
+#[test]
+fn graph_of_inputs_only_has_no_output() {
+    let mut g = KernelGraph::new();
+    g.new_input(&[4, 4], DType::Float16, None).expect("input");
+    assert!(matches!(superoptimize(&g, &SearchConfig::default()), Err(SearchError::NoOutput)));
+}
+
+#[test]
+fn unmarked_output_is_searched_like_a_marked_one() {
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[16, 256], DType::Float16, None).expect("input");
+    let w = g.new_input(&[256, 256], DType::Float16, None).expect("input");
+    let m = g.matmul(x, w).expect("matmul");
+    g.unary(UnaryOp::Exp, m).expect("exp");
+    let cfg = SearchConfig { max_kernel_ops: 1, ..SearchConfig::default() };
+    let unmarked = superoptimize(&g, &cfg).expect("search runs");
+    let mut marked = g.clone();
+    marked.mark_output(3, None).expect("mark");
+    let marked = superoptimize(&marked, &cfg).expect("search runs");
+    assert!(unmarked.best().is_some());
+    assert_eq!(unmarked.candidates.len(), marked.candidates.len());
+}
+
+#[test]
+fn invalid_settings_are_rejected() {
+    let pair = small_rmsnorm();
+    for cfg in [
+        SearchConfig { franges: Some(vec![]), ..SearchConfig::default() },
+        SearchConfig { max_block_ops: 1, ..SearchConfig::default() },
+        SearchConfig { num_threads: Some(0), ..SearchConfig::default() },
+        SearchConfig { blockdims: Some(vec![[2048, 1, 1]]), ..SearchConfig::default() },
+    ] {
+        assert!(matches!(superoptimize(&pair.reference, &cfg), Err(SearchError::InvalidConfig { .. })));
+    }
+}
+
+#[test]
+fn cancellation_stops_the_search() {
+    let cancel = Arc::new(AtomicBool::new(true));
+    let pair = zoo::paper_workloads(1).expect("zoo").into_iter().find(|p| p.name == "gqa").expect("gqa");
+    let cfg = SearchConfig { cancel: Some(cancel), ..SearchConfig::default() };
+    let t = Instant::now();
+    let r = superoptimize(&pair.reference, &cfg).expect("search runs");
+    assert_eq!(r.stopped, Some(StopReason::Cancelled));
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+}
+
+#[test]
+fn a_tiny_budget_returns_promptly_with_best_so_far() {
+    let pair = zoo::paper_workloads(1).expect("zoo").into_iter().find(|p| p.name == "mha").expect("mha");
+    let cfg = SearchConfig { time_budget: Some(Duration::from_millis(50)), ..SearchConfig::default() };
+    let t = Instant::now();
+    let r = superoptimize(&pair.reference, &cfg).expect("search runs");
+    assert_eq!(r.stopped, Some(StopReason::TimeBudget));
+    assert!(t.elapsed() < Duration::from_secs(10), "took {:?}", t.elapsed());
+    assert!(r.candidates.is_empty() == r.empty_reason.is_some());
+}
+
+#[test]
+fn progress_is_reported() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let cfg = SearchConfig {
+        progress: Some(Arc::new(move |p: &mirage_search::Progress| {
+            assert!(p.kernel_ops >= 1);
+            seen.fetch_add(1, Ordering::Relaxed);
+        })),
+        ..SearchConfig::default()
+    };
+    superoptimize(&small_rmsnorm().reference, &cfg).expect("search runs");
+    assert!(calls.load(Ordering::Relaxed) >= 2);
+}

@@ -1,0 +1,86 @@
+//! The other workloads of the paper (mirage-facts section 6) at the paper's shapes, batch 1:
+//! LoRA and nTrans in one kernel; GQA, MHA and MQA in at most two kernels with no attention
+//! matrix in device memory; QKNorm with the norms inside the attention kernels.
+
+mod common;
+
+use common::{best, describe, kernels, launches};
+use mirage_search::{superoptimize, SearchConfig};
+use mirage_ugraph::{zoo, BlockOpKind, KernelGraph};
+
+fn workload(name: &str) -> zoo::Pair {
+    zoo::paper_workloads(1).expect("zoo builds").into_iter().find(|p| p.name == name).expect("known workload")
+}
+
+fn search(p: &zoo::Pair) -> KernelGraph {
+    let r = superoptimize(&p.reference, &SearchConfig::default()).expect("search runs");
+    eprintln!("{}: {:?}", p.name, r.stats);
+    let c = best(&r);
+    eprintln!("{}: best {:.2} us, {} launch(es), {:?}", p.name, c.cost.est_us, c.cost.launches, c.verification);
+    c.graph.clone()
+}
+
+/// No device tensor of the attention matrix's size (queries x keys per batch).
+fn assert_no_score_matrix(p: &zoo::Pair, g: &KernelGraph) {
+    let q = &p.reference.tensors[p.reference.input_ids()[0]].dims;
+    let k = &p.reference.tensors[p.reference.input_ids()[1]].dims;
+    let scores: usize = q[0] * q[1] * k[2];
+    let inputs = g.input_ids();
+    for (i, t) in g.tensors.iter().enumerate().filter(|(i, _)| !inputs.contains(i)) {
+        let n: usize = t.dims.iter().product();
+        assert!(n < scores, "tensor {i} of dims {:?} is as large as the scores: {}", t.dims, describe(g));
+    }
+}
+
+#[test]
+fn lora_one_kernel() {
+    let g = search(&workload("lora"));
+    assert_eq!(launches(&g), 1, "{}", describe(&g));
+}
+
+#[test]
+fn ntrans_one_kernel() {
+    let g = search(&workload("ntrans"));
+    assert_eq!(launches(&g), 1, "{}", describe(&g));
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "paper-sized attention search: run with --release")]
+fn gqa_at_most_two_kernels_without_scores_in_memory() {
+    let p = workload("gqa");
+    let g = search(&p);
+    assert!(launches(&g) <= 2 && kernels(&g).len() == launches(&g), "{}", describe(&g));
+    assert_no_score_matrix(&p, &g);
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "paper-sized attention search: run with --release")]
+fn mha_at_most_two_kernels_without_scores_in_memory() {
+    let p = workload("mha");
+    let g = search(&p);
+    assert!(launches(&g) <= 2 && kernels(&g).len() == launches(&g), "{}", describe(&g));
+    assert_no_score_matrix(&p, &g);
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "paper-sized attention search: run with --release")]
+fn mqa_at_most_two_kernels_without_scores_in_memory() {
+    let p = workload("mqa");
+    let g = search(&p);
+    assert!(launches(&g) <= 2 && kernels(&g).len() == launches(&g), "{}", describe(&g));
+    assert_no_score_matrix(&p, &g);
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "paper-sized attention search: run with --release")]
+fn qknorm_norms_inside_the_attention_kernels() {
+    let p = workload("qknorm_gqa");
+    let g = search(&p);
+    assert!(launches(&g) <= 2 && kernels(&g).len() == launches(&g), "{}", describe(&g));
+    assert_no_score_matrix(&p, &g);
+    let is_norm = |k: &BlockOpKind| {
+        matches!(k, BlockOpKind::RmsNorm | BlockOpKind::ForloopAccum { acc: mirage_ugraph::Accum::Rms })
+    };
+    let norms: usize = kernels(&g).iter().map(|k| k.ops.iter().filter(|o| is_norm(&o.kind)).count()).sum();
+    assert_eq!(norms, 2, "both norms run inside the kernels: {}", describe(&g));
+}

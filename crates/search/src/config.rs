@@ -105,6 +105,9 @@ pub struct SearchConfig {
     pub keep_per_signature: usize,
     /// The ranking model.
     pub cost_model: CostModel,
+    /// Replace candidates that are equivalent but unstable in their precision (a plain `exp`
+    /// accumulated in fp16) by their online-softmax rewrite when it checks as stable.
+    pub online_softmax: bool,
 }
 
 impl Default for SearchConfig {
@@ -135,6 +138,7 @@ impl Default for SearchConfig {
             verify: VerifyOptions::default(),
             keep_per_signature: 2,
             cost_model: CostModel::default(),
+            online_softmax: true,
         }
     }
 }
@@ -193,6 +197,7 @@ impl fmt::Debug for SearchConfig {
             .field("verify", &self.verify)
             .field("keep_per_signature", &self.keep_per_signature)
             .field("cost_model", &self.cost_model)
+            .field("online_softmax", &self.online_softmax)
             .finish()
     }
 }

@@ -8,6 +8,9 @@
 //! cheapest block graphs as alternatives. Work is split with rayon over kernel-level states
 //! and, inside each block search, over configurations; results are collected in order and
 //! sorted by (cost, graph hash), so the candidate set does not depend on the thread count.
+//! After checking, candidates that are equivalent but unstable in their own precision (a plain
+//! `exp` accumulated in fp16) are replaced by their online-softmax rewrite
+//! ([`crate::online_softmax`]) when the rewrite checks as stable (`SearchConfig::online_softmax`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
@@ -26,6 +29,7 @@ use crate::error::{Result, SearchError};
 use crate::expr::{op_term, OpRef};
 use crate::generator::{count_plans, search_block_graphs, BlockSolution, Env, Mode, TensorInfo};
 use crate::labels::{analyze, Label};
+use crate::online_softmax::rewrite_online_softmax;
 use crate::oracle::ExprOracle;
 use crate::verify::{verify_candidate, Verification};
 
@@ -67,6 +71,9 @@ pub struct SearchStats {
     pub verification_failed: usize,
     /// Graphs the IR builder rejected after the generator accepted them (should be 0).
     pub builder_rejects: u64,
+    /// Unstable candidates replaced by their online-softmax rewrite
+    /// ([`crate::online_softmax::rewrite_online_softmax`]), which verified equivalent and stable.
+    pub online_softmax_rewrites: usize,
     /// Deepest number of kernel ops explored.
     pub kernel_ops_explored: usize,
     /// Wall time of the whole search, saturation and verification included.
@@ -252,6 +259,8 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig) -> Result<SearchResult> {
     let mut candidates = build_candidates(reference, &ctx, &specs)?;
     let total = candidates.len();
     let (verified, failed) = verify_all(reference, cfg, &ctl, &mut candidates);
+    let online_softmax_rewrites =
+        if cfg.online_softmax { stabilize_online_softmax(reference, cfg, &ctl, &mut candidates) } else { 0 };
     let c = &ctl.counters;
     let stats = SearchStats {
         states_visited: c.states.load(Relaxed),
@@ -263,6 +272,7 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig) -> Result<SearchResult> {
         candidates: total,
         verified,
         verification_failed: failed,
+        online_softmax_rewrites,
         builder_rejects: c.builder_rejects.load(Relaxed),
         kernel_ops_explored: explored,
         elapsed: ctl.start.elapsed(),
@@ -496,6 +506,12 @@ fn build_candidates(reference: &KernelGraph, ctx: &Ctx<'_>, specs: &[Vec<KStep>]
     for b in built {
         all.extend(b?);
     }
+    sort_dedup(&mut all);
+    Ok(all)
+}
+
+/// Sorts candidates cheapest first (ties by launches, shared memory, hash) and drops repeats.
+fn sort_dedup(all: &mut Vec<Candidate>) {
     all.sort_by(|a, b| {
         a.cost
             .est_us
@@ -505,7 +521,59 @@ fn build_candidates(reference: &KernelGraph, ctx: &Ctx<'_>, specs: &[Vec<KStep>]
             .then(a.hash.cmp(&b.hash))
     });
     all.dedup_by(|a, b| a.hash == b.hash);
-    Ok(all)
+}
+
+/// Replaces every [`Verification::Unstable`] candidate that contains `exp` by its online-softmax
+/// rewrite when the rewrite checks as [`Verification::Passed`] (equivalent and stable in its own
+/// precision); then re-sorts and deduplicates. Returns how many were replaced.
+fn stabilize_online_softmax(
+    reference: &KernelGraph,
+    cfg: &SearchConfig,
+    ctl: &Control,
+    cands: &mut Vec<Candidate>,
+) -> usize {
+    if ctl.cancelled() {
+        return 0;
+    }
+    let todo: Vec<usize> = (0..cands.len())
+        .filter(|&i| matches!(cands[i].verification, Verification::Unstable(_)) && has_exp(&cands[i].graph))
+        .collect();
+    let rewritten: Vec<Option<Candidate>> = todo
+        .par_iter()
+        .map(|&i| {
+            let g = rewrite_online_softmax(&cands[i].graph)?;
+            let v = verify_candidate(reference, &g, &cfg.verify);
+            (v == Verification::Passed).then(|| Candidate {
+                cost: kernel_graph_cost(&g, &cfg.cost_model),
+                hash: graph_hash(&g),
+                customized_kernels: cands[i].customized_kernels,
+                graph: g,
+                verification: v,
+            })
+        })
+        .collect();
+    let mut replaced = 0;
+    for (&i, new) in todo.iter().zip(rewritten) {
+        if let Some(c) = new {
+            cands[i] = c;
+            replaced += 1;
+        }
+    }
+    if replaced > 0 {
+        sort_dedup(cands);
+    }
+    replaced
+}
+
+/// Whether any kernel or block op of `g` is `exp`.
+fn has_exp(g: &KernelGraph) -> bool {
+    g.ops.iter().any(|o| match &o.kind {
+        KernelOpKind::Unary { op } => *op == UnaryOp::Exp,
+        KernelOpKind::Customized { graph } => {
+            graph.ops.iter().any(|b| matches!(b.kind, mirage_ugraph::BlockOpKind::Unary { op: UnaryOp::Exp }))
+        }
+        _ => false,
+    })
 }
 
 /// Every choice of one alternative per customized step.

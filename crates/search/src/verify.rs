@@ -19,7 +19,8 @@ pub enum Verification {
     /// It computed the reference's values.
     Passed,
     /// It is equivalent, but simulating it in its own precision went wrong (e.g. `exp`
-    /// overflowing in fp16 without max subtraction); it counts as passed.
+    /// overflowing in fp16 without max subtraction); it counts as passed. The search replaces
+    /// such candidates by their online-softmax rewrite where that checks as [`Self::Passed`].
     Unstable(String),
     /// It did not (the reason says where).
     Failed(String),

@@ -91,6 +91,15 @@ impl Region {
     }
 }
 
+/// The hull of the demanded boxes of `outputs`, if any is demanded.
+fn demanded(outputs: &[usize], need: &[Option<Region>]) -> Option<Region> {
+    let mut r = None;
+    for x in outputs.iter().filter_map(|&t| need[t].clone()) {
+        hull_into(&mut r, x);
+    }
+    r
+}
+
 fn hull_into(slot: &mut Option<Region>, r: Region) {
     *slot = Some(match slot.take() {
         Some(old) => old.hull(&r),
@@ -402,13 +411,7 @@ fn plan_blocks(bg: &BlockGraph, out_need: &[Option<Region>]) -> (Vec<BlockPlan>,
                         }
                     }
                     kind => {
-                        let mut r: Option<Region> = None;
-                        for &t in &op.outputs {
-                            if let Some(x) = need[t].clone() {
-                                hull_into(&mut r, x);
-                            }
-                        }
-                        let Some(r) = r else { continue };
+                        let Some(r) = demanded(&op.outputs, &need) else { continue };
                         let dims: Vec<&[usize]> = op.inputs.iter().map(|&t| bg.tensors[t].dims.as_slice()).collect();
                         let rule = block_rule(kind, r.start.len());
                         let opr = match kind {
@@ -580,13 +583,7 @@ fn run_block<S: Scalar>(bg: &BlockGraph, plan: &BlockPlan, inputs: &[Option<&Par
                     vals[op.outputs[0]] = Some(Part { region: r, t: next });
                 }
                 kind => {
-                    let mut r: Option<Region> = None;
-                    for &t in &op.outputs {
-                        if let Some(x) = need[t].clone() {
-                            hull_into(&mut r, x);
-                        }
-                    }
-                    let Some(r) = r else { continue };
+                    let Some(r) = demanded(&op.outputs, need) else { continue };
                     let runs_now = match (kind, out_phase) {
                         (BlockOpKind::ReductionMax { .. }, _) => post == (in_phase == Some(Phase::Post)),
                         (_, Some(Phase::Invariant)) => it == 0,

@@ -135,8 +135,8 @@ pub struct Attn {
 /// Two kernels (flash decoding): kernel 1 splits the keys over `splits` blocks per batch and
 /// loops over them, accumulating `exp(QK) V` and `sum exp(QK)`; kernel 2 sums the partials
 /// (`sum_todimx` / `sum`) and divides.
-pub fn attention(a: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
-    let Attn { b, h, d, s, splits, frange, qsplit } = a;
+pub fn attention(cfg: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
+    let Attn { b, h, d, s, splits, qsplit, .. } = cfg;
     let shapes: [&[usize]; 3] = [&[b, h, d], &[b, d, s], &[b, s, d]];
     let mut r = KernelGraph::new();
     let v = inputs(&mut r, &shapes, dt)?;
@@ -146,12 +146,7 @@ pub fn attention(a: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
     let o = r.matmul(p, vv)?;
     r.mark_output(o, None)?;
 
-    let mut g = KernelGraph::new();
-    let v = inputs(&mut g, &shapes, dt)?;
-    let mut k1 = BlockGraph::new([b, splits, qsplit], BLOCK, frange, d)?;
-    let tq = k1.new_input(shapes[0], dt, [0, -1, 1], -1)?;
-    let tk = k1.new_input(shapes[1], dt, [0, 2, -1], 2)?;
-    let tv = k1.new_input(shapes[2], dt, [0, 1, -1], 1)?;
+    let (mut g, v, mut k1, [tq, tk, tv]) = flash_kernel1(cfg, dt)?;
     let (tq, tv) = if qknorm { (k1.rms_norm(tq)?, k1.rms_norm(tv)?) } else { (tq, tv) };
     let a = k1.matmul(tq, tk)?;
     let e = k1.unary(UnaryOp::Exp, a)?;
@@ -175,12 +170,10 @@ pub fn attention(a: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
     Ok(Pair { name: name.into(), reference: r, ugraph: g })
 }
 
-/// Attention as [`attention`] but numerically safe (online softmax): kernel 1 keeps a running
-/// max with `reduction_max` and rescales its accumulators; kernel 2 merges the splits by their
-/// maxima the same way.
-pub fn attention_online(a: Attn, dt: DType) -> Result<Pair> {
+/// The µGraph's inputs Q, K, V and kernel 1's input iterators: keys split over grid y and the
+/// loop, query rows over grid z.
+fn flash_kernel1(a: Attn, dt: DType) -> Result<(KernelGraph, Vec<TensorId>, BlockGraph, [usize; 3])> {
     let Attn { b, h, d, s, splits, frange, qsplit } = a;
-    let mut pair = attention(a, false, dt)?;
     let shapes: [&[usize]; 3] = [&[b, h, d], &[b, d, s], &[b, s, d]];
     let mut g = KernelGraph::new();
     let v = inputs(&mut g, &shapes, dt)?;
@@ -188,6 +181,16 @@ pub fn attention_online(a: Attn, dt: DType) -> Result<Pair> {
     let tq = k1.new_input(shapes[0], dt, [0, -1, 1], -1)?;
     let tk = k1.new_input(shapes[1], dt, [0, 2, -1], 2)?;
     let tv = k1.new_input(shapes[2], dt, [0, 1, -1], 1)?;
+    Ok((g, v, k1, [tq, tk, tv]))
+}
+
+/// Attention as [`attention`] but numerically safe (online softmax): kernel 1 keeps a running
+/// max with `reduction_max` and rescales its accumulators; kernel 2 merges the splits by their
+/// maxima the same way.
+pub fn attention_online(a: Attn, dt: DType) -> Result<Pair> {
+    let Attn { b, h, d, splits, qsplit, .. } = a;
+    let mut pair = attention(a, false, dt)?;
+    let (mut g, v, mut k1, [tq, tk, tv]) = flash_kernel1(a, dt)?;
     let a = k1.matmul(tq, tk)?;
     let (mx, diff) = k1.reduction_max(a, 2)?;
     let shifted = k1.binary(BinaryOp::Sub, a, mx)?;

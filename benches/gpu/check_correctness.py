@@ -55,33 +55,6 @@ REFS: dict[str, Ref] = {
 }
 
 
-def attention_hsplit(
-    b: int, h: int, d: int, s: int, splits: int, frange: int, hsplit: int, dt: mi.DType
-) -> mi.KNGraph:
-    """The zoo's two-kernel attention µGraph with the query rows also split over grid z
-    (kernel 1) / y (kernel 2): the schedule MQA's 1024 query rows need to fit in shared
-    memory."""
-    g = mi.new_kernel_graph()
-    Q = g.new_input((b, h, d), dtype=dt)
-    K = g.new_input((b, d, s), dtype=dt)
-    V = g.new_input((b, s, d), dtype=dt)
-    k1 = mi.new_threadblock_graph((b, splits, hsplit), (128, 1, 1), frange, d)
-    tq = k1.new_input(Q, (0, -1, 1), -1)
-    tk = k1.new_input(K, (0, 2, -1), 2)
-    tv = k1.new_input(V, (0, 1, -1), 1)
-    e = k1.exp(k1.matmul(tq, tk))
-    k1.new_output(k1.forloop_accum(k1.matmul(e, tv), None), (0, 2, 1), -1)
-    k1.new_output(k1.forloop_accum(e, "sum"), (0, 2, 1), -1)
-    po, pl = g.customized([Q, K, V], k1)
-    k2 = mi.new_threadblock_graph((b, hsplit, 1), (128, 1, 1), 1, d)
-    so = k2.forloop_accum(k2.new_input(po, (0, 1, -1), -1), "sum_todimx")
-    sl = k2.forloop_accum(k2.new_input(pl, (0, 1, -1), -1), "sum")
-    k2.new_output(k2.div(so, sl), (0, 1, -1), -1)
-    (out,) = g.customized([po, pl], k2)
-    g.mark_output(out)
-    return g
-
-
 def zoo(name: str, dtype: str, params: list[int]) -> tuple[mi.KNGraph, mi.KNGraph]:
     ref, ug = _core.zoo_json(name, dtype, params)
     return mi.from_json(ref), mi.from_json(ug)
@@ -190,10 +163,11 @@ def cells(batches: list[int], small: bool) -> list[tuple[str, str, int, str, Any
         return out
     for b in batches:
         paper = {
-            "gqa": ("attention", [2 * b, 256, 64, 4096, 16, 4]),
-            "gqa_online": ("attention_online", [2 * b, 256, 64, 4096, 16, 4]),
-            "qknorm_gqa": ("qknorm_attention", [2 * b, 256, 64, 4096, 16, 4]),
-            "mha": ("attention", [32 * b, 16, 64, 4096, 16, 4]),
+            "gqa": ("attention", [2 * b, 256, 64, 4096, 16, 4, 2]),
+            "gqa_online": ("attention_online", [2 * b, 256, 64, 4096, 16, 4, 2]),
+            "qknorm_gqa": ("qknorm_attention", [2 * b, 256, 64, 4096, 16, 4, 2]),
+            "mha": ("attention", [32 * b, 16, 64, 4096, 16, 4, 1]),
+            "mqa": ("attention", [b, 1024, 64, 4096, 16, 4, 8]),
             "rmsnorm_linear": ("rmsnorm_linear", [2 * b, 4096, 4096, 64, 64]),
             "lora": ("lora", [b, 256, 4096, 16, 64, 4]),
             "gated_mlp": ("gated_mlp", [b, 4096, 4096, 64, 32]),
@@ -205,20 +179,6 @@ def cells(batches: list[int], small: bool) -> list[tuple[str, str, int, str, Any
                 out.append(
                     (name, kind, b, dtype, (lambda k=kind, p=p, d=dtype: zoo(k, d, p)[1]), None)
                 )
-            out.append(
-                (
-                    "mqa",
-                    "attention",
-                    b,
-                    dtype,
-                    (
-                        lambda b=b, d=dtype: attention_hsplit(
-                            b, 1024, 64, 4096, 16, 4, 4, getattr(mi, d)
-                        )
-                    ),
-                    None,
-                )
-            )
         for name in ("gqa", "gqa_online"):
             kind, p = paper[name]
             out.append(

@@ -21,6 +21,7 @@ from typing import Any
 from . import _core
 from ._dtypes import DType, bfloat16, float16, float32
 from .kernel import KNGraph
+from .search import SearchError
 from .tensor import DTensor, STensor
 from .threadblock import TBGraph
 from .verify import Verdict, verify
@@ -32,6 +33,7 @@ __all__ = [
     "DType",
     "KNGraph",
     "STensor",
+    "SearchError",
     "TBGraph",
     "Verdict",
     "__version__",

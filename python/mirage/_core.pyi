@@ -1,5 +1,8 @@
 """Type stubs of the Rust extension ``mirage._core`` (glue over the Rust core; ids are ints)."""
 
+from collections.abc import Callable
+from typing import Any
+
 __version__: str
 
 class KernelGraph:
@@ -121,3 +124,27 @@ def verify(
     float_check: bool = True,
     allow_non_lax: bool = False,
 ) -> dict[str, object]: ...
+
+# --- Search (crates/bindings/src/search.rs) ---
+
+def search(
+    graph: KernelGraph,
+    *,
+    griddims: list[list[int]] | None = None,
+    blockdims: list[list[int]] | None = None,
+    imaps: list[list[int]] | None = None,
+    omaps: list[list[int]] | None = None,
+    fmaps: list[int] | None = None,
+    franges: list[int] | None = None,
+    max_block_ops: int | None = None,
+    max_kernel_ops: int | None = None,
+    max_customized_ops: int | None = None,
+    shared_memory_limit: int | None = None,
+    expression_pruning: bool | None = None,
+    verify_top_n: int | None = None,
+    time_budget: float | None = None,
+    num_threads: int | None = None,
+    verbose: bool = False,
+    tick: Callable[[dict[str, Any]], object] | None = None,
+    tick_interval: float = 0.2,
+) -> dict[str, Any]: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 from . import _core, _cuda
@@ -39,6 +39,11 @@ class KNGraph:
         self._core = core if core is not None else _core.KernelGraph()
         # Inputs whose layout must match exactly at call time (strides given at new_input).
         self._explicit_strides: dict[int, tuple[int, ...]] = {}
+        #: Statistics of the search that produced this graph (set by :meth:`superoptimize`).
+        self.search_stats: dict[str, Any] | None = None
+        #: How many candidates :meth:`superoptimize` chose among (timed on a GPU, or ranked
+        #: by the cost model); ``None`` for graphs not produced by it.
+        self.candidates_considered: int | None = None
         if core is not None:
             # A loaded graph: a non-row-major input layout was necessarily given explicitly.
             for tid in core.input_ids():
@@ -320,6 +325,88 @@ class KNGraph:
         if arch is None:
             arch = _cuda.default_arch()
         return _cuda.compile_cubin(self, arch)
+
+    # -------------------------------------------------------------- search
+    def superoptimize(
+        self,
+        imaps: Sequence[Sequence[int]] | None = None,
+        omaps: Sequence[Sequence[int]] | None = None,
+        griddims: Sequence[Sequence[int]] | None = None,
+        blockdims: Sequence[Sequence[int]] | None = None,
+        fmaps: Sequence[int] | None = None,
+        franges: Sequence[int] | None = None,
+        verbose: bool = False,
+        config: str | Mapping[str, Any] | None = None,
+        backend: str = "cuda",
+        warmup_iters: int = 16,
+        profile_iters: int = 1000,
+        use_graph_dataset: bool = True,
+        use_cached_graphs: bool = True,
+        save_codes: bool | PathLike = False,
+        is_formal_verified: bool = False,
+        previous_checkpoint: PathLike | None = None,
+        time_budget: float | None = None,
+        num_threads: int | None = None,
+        cache_dir: PathLike | None = None,
+    ) -> KNGraph:
+        """Searches µGraphs equivalent to this graph and returns the best one as a new graph.
+
+        Same keyword arguments and meaning as the reference Mirage, plus ``time_budget``,
+        ``num_threads`` and ``cache_dir``:
+
+        * ``griddims`` / ``blockdims``: lists of ``(x, y, z)`` launch shapes to try instead of
+          the generated ones (``blockdims`` is supported, unlike the reference);
+          ``imaps`` / ``omaps``: lists of allowed ``(x, y, z)`` input / output maps;
+          ``fmaps``: allowed for-loop dims (-1: not iterated); ``franges``: loop ranges to try.
+        * ``config``: ``"attention"`` (up to 2 customized kernels), ``"mlp"`` / ``"lora"`` (one
+          customized kernel), ``None`` (the search's defaults), or a dict of advanced settings
+          (``mirage.search.CONFIG_KEYS``, e.g. ``{"preset": "mlp", "max_block_ops": 9}``).
+        * ``backend="cuda"``: with a CUDA device, the top candidates are compiled and timed
+          (``warmup_iters`` warm-up launches, ``profile_iters`` timed ones, median) and the
+          fastest is returned; without one (or ``backend="cpu"``), the cheapest by the cost
+          model among verified candidates.
+        * ``use_cached_graphs``: reuse the result of an identical earlier search, stored as JSON
+          in ``cache_dir`` (default ``$MIRAGE_CACHE_DIR/search`` or
+          ``~/.cache/mirage-rs/search``), keyed by graph hash and search settings.
+          ``previous_checkpoint="file.json"``: load the candidates from that file if it exists,
+          else search and save them there.
+        * ``save_codes``: ``True`` (folder ``$MIRAGE_SAVE_CODES`` or ``mirage_generated``) or a
+          folder: write the winner's generated CUDA source.
+        * ``time_budget``: seconds; the search stops then and uses the best found so far.
+          ``num_threads``: search threads (default: all cores). ``verbose``: progress on stderr.
+        * Accepted and ignored: ``use_graph_dataset`` (no bundled dataset of pre-searched
+          graphs) and ``is_formal_verified`` (candidates are always checked by the
+          finite-field verifier plus a float test).
+
+        Ctrl-C cancels the search promptly and raises ``KeyboardInterrupt``. Bad argument types
+        raise ``TypeError``, bad values ``ValueError``; a search that finds nothing raises
+        :class:`mirage.search.SearchError` with the reason. The returned graph carries
+        ``search_stats`` (a dict) and ``candidates_considered``.
+        """
+        from .search import superoptimize
+
+        return superoptimize(
+            self,
+            imaps=imaps,
+            omaps=omaps,
+            griddims=griddims,
+            blockdims=blockdims,
+            fmaps=fmaps,
+            franges=franges,
+            verbose=verbose,
+            config=config,
+            backend=backend,
+            warmup_iters=warmup_iters,
+            profile_iters=profile_iters,
+            use_graph_dataset=use_graph_dataset,
+            use_cached_graphs=use_cached_graphs,
+            save_codes=save_codes,
+            is_formal_verified=is_formal_verified,
+            previous_checkpoint=previous_checkpoint,
+            time_budget=time_budget,
+            num_threads=num_threads,
+            cache_dir=cache_dir,
+        )
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{d.dims}:{d.dtype.name}" for d in self.inputs)

@@ -11,6 +11,7 @@ mod block;
 mod convert;
 mod cuda;
 mod kernel;
+mod search;
 mod verify;
 
 /// The extension module `mirage._core`.
@@ -20,6 +21,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<block::BlockGraph>()?;
     cuda::register(m)?;
     verify::register(m)?;
+    search::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

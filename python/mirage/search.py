@@ -1,0 +1,639 @@
+"""``KNGraph.superoptimize``: search equivalent µGraphs, pick the fastest, cache the result.
+
+The search itself is Rust (``mirage._core.search``, run with the GIL released: Ctrl-C cancels
+it and raises ``KeyboardInterrupt``). This module validates the reference API's keyword
+arguments, maps ``config`` presets to search settings, caches ranked candidates on disk, and
+chooses the winner:
+
+* on a machine without a usable CUDA device, or with ``backend="cpu"``: the cheapest candidate
+  by the static cost model among those that passed verification (numerically unstable ones
+  only when nothing else passed, with a warning); it runs on the CPU interpreter;
+* with ``backend="cuda"`` and a CUDA device: the top candidates are compiled (in parallel),
+  timed with CUDA events on random inputs (``warmup_iters`` launches, then ``profile_iters``
+  timed launches replayed in a CUDA graph when capture works, median), and the fastest wins.
+
+Cache: one JSON file per (graph hash, search settings) in ``cache_dir`` (default
+``$MIRAGE_CACHE_DIR/search`` or ``~/.cache/mirage-rs/search``), holding the verified
+candidates (cheapest first), the statistics, and per-device profiling winners.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Union
+
+from . import _core, _cuda
+from ._args import as_dim3, as_int, as_map3
+from .kernel import KNGraph
+
+__all__ = [
+    "CONFIG_KEYS",
+    "PRESETS",
+    "SearchError",
+    "default_cache_dir",
+    "search_candidates",
+    "superoptimize",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: Search settings of the ``config`` presets (``None`` keeps the search's defaults: at most
+#: 2 kernel ops, 2 customized kernels, 11 ops per block graph).
+PRESETS: dict[str | None, dict[str, Any]] = {
+    None: {},
+    # Attention needs two kernels (e.g. flash decoding: partial results, then a reduction).
+    "attention": {"max_kernel_ops": 2, "max_customized_ops": 2},
+    # Gated MLP and LoRA fuse into one customized kernel (the paper's µGraphs).
+    "mlp": {"max_kernel_ops": 2, "max_customized_ops": 1},
+    "lora": {"max_kernel_ops": 2, "max_customized_ops": 1},
+}
+
+#: Keys a ``config`` mapping may set (advanced; ``"preset"`` names a base preset).
+CONFIG_KEYS: dict[str, type] = {
+    "preset": str,
+    "max_block_ops": int,
+    "max_kernel_ops": int,
+    "max_customized_ops": int,
+    "shared_memory_limit": int,
+    "expression_pruning": bool,
+    "verify_top_n": int,
+}
+
+_BACKENDS = ("cuda", "cpu")
+_CACHE_FORMAT = "mirage-rs/search-result"
+_CACHE_VERSION = 1
+#: Candidates compiled and timed on a GPU.
+PROFILE_TOP_N = 8
+
+
+class SearchError(RuntimeError):
+    """The search ran but produced no usable µGraph (the message says why)."""
+
+
+# ------------------------------------------------------------------ arguments
+_OP = "superoptimize"
+
+
+def _list_of(name: str, value: Any, item: Callable[[str, Any], Any], what: str) -> list[Any] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"superoptimize: {name} must be a list of {what}, got {value!r}")
+    items = list(value)
+    if not items:
+        raise ValueError(f"superoptimize: {name} must not be empty (pass None for the defaults)")
+    if what.startswith("(") and all(isinstance(v, int) for v in items):
+        raise TypeError(
+            f"superoptimize: {name} must be a list of {what}, got {value!r}; "
+            f"did you mean [{tuple(items)!r}]?"
+        )
+    return [item(name, v) for v in items]
+
+
+def _dim3(name: str, v: Any) -> list[int]:
+    if isinstance(v, (int, str, bytes)) or not hasattr(v, "__iter__"):
+        raise TypeError(
+            f"superoptimize: each entry of {name} must be an (x, y, z) tuple, got {v!r}"
+        )
+    return list(as_dim3(_OP, name, v))
+
+
+def _map3(name: str, v: Any) -> list[int]:
+    m = as_map3(_OP, name, v)
+    if any(x < -1 for x in m):
+        raise ValueError(f"superoptimize: {name} entry {m} may only hold data dims >= 0 or -1")
+    return list(m)
+
+
+def _fmap(name: str, v: Any) -> int:
+    x = as_int(_OP, name, v)
+    if x < -1:
+        raise ValueError(f"superoptimize: {name} entry {x} must be a data dim >= 0 or -1")
+    return x
+
+
+def _frange(name: str, v: Any) -> int:
+    x = as_int(_OP, name, v)
+    if x < 1:
+        raise ValueError(f"superoptimize: {name} entry {x} must be a positive loop range")
+    return x
+
+
+def _bool(name: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"superoptimize: {name} must be True or False, got {v!r}")
+    return v
+
+
+def _count(name: str, v: Any, least: int) -> int:
+    x = as_int(_OP, name, v)
+    if x < least:
+        raise ValueError(f"superoptimize: {name} must be at least {least}, got {x}")
+    return x
+
+
+def _path(name: str, v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, (str, os.PathLike)):
+        raise TypeError(f"superoptimize: {name} must be a path (str or os.PathLike), got {v!r}")
+    return os.fspath(v)
+
+
+def _resolve_config(config: Any) -> dict[str, Any]:
+    """The search settings of ``config``: a preset name, None, or a mapping of CONFIG_KEYS."""
+    if config is None or isinstance(config, str):
+        if config not in PRESETS:
+            names = ", ".join(repr(k) for k in PRESETS)
+            raise ValueError(f"superoptimize: unknown config {config!r}; expected one of {names}")
+        return dict(PRESETS[config])
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            "superoptimize: config must be None, a preset name ('attention', 'lora', 'mlp') or "
+            f"a dict of search settings, got {type(config).__name__}"
+        )
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(
+            f"superoptimize: unknown config keys {unknown}; expected some of {sorted(CONFIG_KEYS)}"
+        )
+    out = _resolve_config(config.get("preset"))
+    for key, value in config.items():
+        if key == "preset":
+            continue
+        if CONFIG_KEYS[key] is bool:
+            out[key] = _bool(f"config[{key!r}]", value)
+        else:
+            out[key] = _count(f"config[{key!r}]", value, 0 if key == "shared_memory_limit" else 1)
+    return out
+
+
+def default_cache_dir() -> str:
+    """``$MIRAGE_CACHE_DIR/search`` when that is set, else ``~/.cache/mirage-rs/search``."""
+    env = os.environ.get("MIRAGE_CACHE_DIR")
+    if env:
+        return os.path.join(env, "search")
+    return os.path.join(os.path.expanduser("~"), ".cache", "mirage-rs", "search")
+
+
+# ---------------------------------------------------------------- searching
+def search_candidates(
+    graph: KNGraph,
+    settings: Mapping[str, Any],
+    *,
+    time_budget: float | None = None,
+    num_threads: int | None = None,
+    verbose: bool = False,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Runs the Rust search on ``graph`` with ``settings`` (keyword arguments of
+    ``mirage._core.search``: griddims, blockdims, imaps, omaps, fmaps, franges and the
+    CONFIG_KEYS except ``preset``).
+
+    Returns ``{"candidates", "stats", "stopped", "empty_reason"}`` with only the candidates that
+    passed verification (``"passed"`` or ``"unstable"``), cheapest first, each holding its graph
+    as JSON. ``on_progress`` is called about every 0.2 s with a dict of counters; an exception it
+    raises cancels the search and propagates, like ``KeyboardInterrupt`` from Ctrl-C.
+    """
+    raw = _core.search(
+        graph._core,
+        time_budget=time_budget,
+        num_threads=num_threads,
+        verbose=verbose,
+        tick=on_progress,
+        **dict(settings),
+    )
+    raw["candidates"] = [
+        c for c in raw["candidates"] if c["verification"] in ("passed", "unstable")
+    ]
+    return raw
+
+
+def _cache_key(graph_hash: str, settings: Mapping[str, Any]) -> str:
+    blob = json.dumps(
+        {"graph": graph_hash, "settings": settings, "version": _core.__version__},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _load(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"superoptimize: cannot read search results from {path}: {e}") from e
+    if not isinstance(data, dict) or data.get("format") != _CACHE_FORMAT:
+        raise ValueError(f"superoptimize: {path} is not a mirage-rs search result file")
+    if data.get("version") != _CACHE_VERSION:
+        return None
+    return data
+
+
+def _save(path: str, data: Mapping[str, Any]) -> None:
+    """Writes ``data`` atomically (a concurrent reader sees the old file or the new one)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".search-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# ------------------------------------------------------------------ choosing
+def _eligible(cands: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """Candidates that passed verification, cheapest first; unstable ones only when nothing
+    passed (second value True then)."""
+    passed = [c for c in cands if c["verification"] == "passed"]
+    if passed:
+        return passed, False
+    return [c for c in cands if c["verification"] == "unstable"], True
+
+
+def _cuda_device(backend: str) -> tuple[int | None, str]:
+    """The CUDA device to profile on, or None with the reason."""
+    if backend != "cuda":
+        return None, f"backend={backend!r}"
+    try:
+        import torch
+    except ImportError:
+        return None, "torch is not installed"
+    if not torch.cuda.is_available():
+        return None, "torch sees no CUDA device"
+    why = _cuda.unavailable_reason()
+    if why is not None:
+        return None, why
+    from . import get_gpu_device_id
+
+    return get_gpu_device_id(), ""
+
+
+def _random_inputs(graph: KNGraph, device: int) -> list[Any]:
+    import torch
+
+    gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
+    out = []
+    for t in graph.inputs:
+        x = torch.randn(*t.dims, generator=gen, device=f"cuda:{device}", dtype=torch.float32)
+        out.append((x * 0.5).to(t.dtype.to_torch()))
+    return out
+
+
+def _time_one(exe: Any, inputs: list[Any], warmup: int, iters: int) -> tuple[float, str]:
+    """Median microseconds of one launch of ``exe`` and how it was timed."""
+    import torch
+
+    device = inputs[0].device if inputs else torch.device("cuda", exe.device)
+    outs = [
+        torch.empty_strided(tuple(d), tuple(s), dtype=getattr(torch, dt), device=device)
+        for d, s, dt in exe.output_specs
+    ]
+    nbytes = exe.workspace_bytes
+    ws = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
+    ins = [x.data_ptr() for x in inputs]
+    ptrs = [o.data_ptr() for o in outs]
+    wptr = ws.data_ptr() if ws is not None else 0
+
+    def launch() -> None:
+        exe.launch(ins, ptrs, wptr, torch.cuda.current_stream(device).cuda_stream)
+
+    with torch.cuda.device(device):
+        for _ in range(max(warmup, 1)):
+            launch()
+        torch.cuda.synchronize(device)
+        inner = max(1, min(iters, 20))
+        reps = max(1, math.ceil(iters / inner))
+        graph = None
+        try:
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                for _ in range(inner):
+                    launch()
+            graph = cg
+            graph.replay()
+            torch.cuda.synchronize(device)
+        except RuntimeError:  # capture unsupported here: time plain launches
+            torch.cuda.synchronize(device)
+            graph = None
+        times = []
+        for _ in range(reps):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            if graph is not None:
+                graph.replay()
+            else:
+                for _ in range(inner):
+                    launch()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / inner)
+    return statistics.median(times), "cuda graph" if graph is not None else "launches"
+
+
+def _profile(
+    graphs: list[KNGraph],
+    hashes: list[str],
+    device: int,
+    warmup: int,
+    iters: int,
+    verbose: bool,
+) -> tuple[int | None, dict[str, float], dict[str, str]]:
+    """Compiles ``graphs`` in parallel and times them; returns (index of the fastest, median
+    microseconds per hash, skip reason per hash)."""
+
+    def build(g: KNGraph) -> Any:
+        return _cuda.executable(g, device)
+
+    exes: list[Any] = []
+    skipped: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(len(graphs), os.cpu_count() or 1))) as pool:
+        futures = [pool.submit(build, g) for g in graphs]
+        for h, fut in zip(hashes, futures):
+            try:
+                exes.append(fut.result())
+            except (RuntimeError, ValueError) as e:  # NVRTC error, shared memory, unsupported
+                exes.append(None)
+                skipped[h] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    inputs = _random_inputs(graphs[0], device) if graphs else []
+    timings: dict[str, float] = {}
+    best: int | None = None
+    for i, (h, exe) in enumerate(zip(hashes, exes)):
+        if exe is None:
+            if verbose:
+                print(f"[mirage] candidate {i} ({h[:12]}): skipped: {skipped[h]}", file=sys.stderr)
+            continue
+        try:
+            us, how = _time_one(exe, inputs, warmup, iters)
+        except RuntimeError as e:
+            skipped[h] = f"launch failed: {e}"
+            if verbose:
+                print(f"[mirage] candidate {i} ({h[:12]}): skipped: {skipped[h]}", file=sys.stderr)
+            continue
+        timings[h] = us
+        if verbose:
+            print(f"[mirage] candidate {i} ({h[:12]}): {us:.2f} us ({how})", file=sys.stderr)
+        if best is None or us < timings[hashes[best]]:
+            best = i
+    return best, timings, skipped
+
+
+# ------------------------------------------------------------------ the API
+def superoptimize(
+    graph: KNGraph,
+    imaps: Sequence[Sequence[int]] | None = None,
+    omaps: Sequence[Sequence[int]] | None = None,
+    griddims: Sequence[Sequence[int]] | None = None,
+    blockdims: Sequence[Sequence[int]] | None = None,
+    fmaps: Sequence[int] | None = None,
+    franges: Sequence[int] | None = None,
+    verbose: bool = False,
+    config: str | Mapping[str, Any] | None = None,
+    backend: str = "cuda",
+    warmup_iters: int = 16,
+    profile_iters: int = 1000,
+    use_graph_dataset: bool = True,
+    use_cached_graphs: bool = True,
+    save_codes: bool | PathLike = False,
+    is_formal_verified: bool = False,
+    previous_checkpoint: PathLike | None = None,
+    time_budget: float | None = None,
+    num_threads: int | None = None,
+    cache_dir: PathLike | None = None,
+) -> KNGraph:
+    """The implementation of :meth:`KNGraph.superoptimize` (see there)."""
+    if not isinstance(graph, KNGraph):
+        raise TypeError(f"superoptimize: graph must be a KNGraph, got {type(graph).__name__}")
+    settings: dict[str, Any] = {}
+    for name, value, item, what in (
+        ("griddims", griddims, _dim3, "(x, y, z) grid shapes"),
+        ("blockdims", blockdims, _dim3, "(x, y, z) block shapes"),
+        ("imaps", imaps, _map3, "(x, y, z) input maps"),
+        ("omaps", omaps, _map3, "(x, y, z) output maps"),
+        ("fmaps", fmaps, _fmap, "for-loop dims"),
+        ("franges", franges, _frange, "for-loop ranges"),
+    ):
+        parsed = _list_of(name, value, item, what)
+        if parsed is not None:
+            settings[name] = parsed
+    verbose = _bool("verbose", verbose)
+    _bool("use_graph_dataset", use_graph_dataset)
+    use_cached_graphs = _bool("use_cached_graphs", use_cached_graphs)
+    _bool("is_formal_verified", is_formal_verified)
+    if not isinstance(save_codes, (bool, str, os.PathLike)):
+        raise TypeError(f"superoptimize: save_codes must be a bool or a folder, got {save_codes!r}")
+    if not isinstance(backend, str):
+        raise TypeError(f"superoptimize: backend must be a str, got {backend!r}")
+    if backend not in _BACKENDS:
+        raise ValueError(
+            f"superoptimize: backend {backend!r} is not supported; expected one of {_BACKENDS}"
+        )
+    warmup_iters = _count("warmup_iters", warmup_iters, 0)
+    profile_iters = _count("profile_iters", profile_iters, 1)
+    if time_budget is not None:
+        if isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)):
+            raise TypeError(
+                f"superoptimize: time_budget must be seconds (a number), got {time_budget!r}"
+            )
+        if not (math.isfinite(time_budget) and time_budget > 0):
+            raise ValueError(f"superoptimize: time_budget must be positive, got {time_budget!r}")
+        time_budget = float(time_budget)
+    if num_threads is not None:
+        num_threads = _count("num_threads", num_threads, 1)
+    checkpoint = _path("previous_checkpoint", previous_checkpoint)
+    folder = _path("cache_dir", cache_dir)
+    settings.update(_resolve_config(config))
+
+    core = graph._core
+    if core.num_ops == 0:
+        raise ValueError(
+            "superoptimize: the graph is empty: add inputs and ops, then mark an output"
+        )
+    inputs = set(core.input_ids())
+    if len(inputs) == core.num_ops:
+        raise ValueError("superoptimize: the graph has only inputs: add ops and mark an output")
+    if not core.output_ids() or set(core.output_ids()) <= inputs:
+        raise ValueError("superoptimize: the graph computes no output: mark one with mark_output")
+
+    t0 = time.perf_counter()
+    graph_hash = graph.hash()
+    key = _cache_key(graph_hash, settings)
+    if checkpoint is not None:
+        path, source = checkpoint, "checkpoint"
+        data = _load(path)
+        if data is not None and data.get("graph_hash") != graph_hash:
+            raise ValueError(
+                f"superoptimize: previous_checkpoint {path} holds results for another graph "
+                f"(hash {str(data.get('graph_hash'))[:12]}..., this graph {graph_hash[:12]}...)"
+            )
+    else:
+        path = os.path.join(folder or default_cache_dir(), f"{key}.json")
+        source = "cache"
+        data = _load(path) if use_cached_graphs else None
+    if data is not None:
+        loaded_from = source
+        if verbose:
+            print(
+                f"[mirage] superoptimize: loaded {len(data['candidates'])} candidates from {path}",
+                file=sys.stderr,
+            )
+    else:
+        loaded_from = None
+        raw = search_candidates(
+            graph, settings, time_budget=time_budget, num_threads=num_threads, verbose=verbose
+        )
+        data = {
+            "format": _CACHE_FORMAT,
+            "version": _CACHE_VERSION,
+            "mirage_version": _core.__version__,
+            "graph_hash": graph_hash,
+            "settings": settings,
+            "candidates": [
+                {**{k: v for k, v in c.items() if k != "graph"}, "graph": json.loads(c["graph"])}
+                for c in raw["candidates"]
+            ],
+            "stats": raw["stats"],
+            "stopped": raw["stopped"],
+            "empty_reason": raw["empty_reason"],
+            "profiled": {},
+        }
+        # An interrupted search is not the answer to these settings: only a checkpoint, which
+        # the caller named explicitly, keeps it.
+        if checkpoint is not None or (use_cached_graphs and raw["stopped"] is None):
+            _save(path, data)
+
+    cands, unstable_only = _eligible(data["candidates"])
+    if not cands:
+        restricted = {
+            k: v
+            for k, v in settings.items()
+            if k in ("griddims", "blockdims", "imaps", "omaps", "fmaps", "franges")
+        }
+        why = data.get("empty_reason") or "no candidate passed verification"
+        hint = f"; the restrictions {restricted} may exclude every µGraph" if restricted else ""
+        raise SearchError(f"superoptimize found no usable µGraph: {why}{hint}")
+    if unstable_only:
+        warnings.warn(
+            "superoptimize: no candidate is numerically stable in its dtype; returning one that "
+            f"is equivalent but may overflow ({cands[0].get('verification_reason')})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    device, no_gpu = _cuda_device(backend)
+    graphs = [KNGraph(_core.KernelGraph.from_json(json.dumps(c["graph"]))) for c in cands]
+    selection: dict[str, Any]
+    if device is None:
+        winner = 0
+        selection = {"method": "cost_model", "reason": no_gpu}
+        considered = len(cands)
+    else:
+        pool = list(range(min(PROFILE_TOP_N, len(cands))))
+        hashes = [cands[i]["hash"] for i in pool]
+        import torch
+
+        dev_key = (
+            f"{torch.cuda.get_device_name(device)}|sm{_cuda.default_arch()}|"
+            f"{warmup_iters}|{profile_iters}|{','.join(hashes)}"
+        )
+        prof = data.setdefault("profiled", {}).get(dev_key)
+        if prof is not None and prof.get("winner") in hashes:
+            winner = hashes.index(prof["winner"])
+            selection = {"method": "profiled (cached)", **prof}
+        else:
+            best, timings, skipped = _profile(
+                [graphs[i] for i in pool], hashes, device, warmup_iters, profile_iters, verbose
+            )
+            if best is None:
+                warnings.warn(
+                    "superoptimize: no candidate compiled and ran on the GPU; returning the "
+                    f"cheapest by the cost model ({skipped})",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                winner = 0
+                selection = {
+                    "method": "cost_model",
+                    "reason": "profiling failed",
+                    "skipped": skipped,
+                }
+            else:
+                winner = best
+                prof = {"winner": hashes[best], "timings_us": timings, "skipped": skipped}
+                selection = {"method": "profiled", **prof}
+                data["profiled"][dev_key] = prof
+                if checkpoint is not None or use_cached_graphs:
+                    _save(path, data)
+        considered = len(pool)
+
+    result = graphs[winner]
+    chosen = cands[winner]
+    if save_codes is not False:
+        _save_code(result, save_codes, device)
+    stats = dict(data["stats"])
+    stats.update(
+        {
+            "source": loaded_from or "search",
+            "cache_file": path,
+            "stopped": data.get("stopped"),
+            "selection": selection,
+            "winner": {
+                k: chosen[k] for k in ("hash", "cost", "verification", "customized_kernels")
+            },
+            "total_seconds": time.perf_counter() - t0,
+        }
+    )
+    result.search_stats = stats
+    result.candidates_considered = considered
+    if verbose:
+        print(
+            f"[mirage] superoptimize: chose candidate {winner} of {considered} "
+            f"({selection['method'].replace('_', ' ')}; "
+            f"modelled {chosen['cost']['est_us']:.2f} us, "
+            f"{chosen['customized_kernels']} customized kernel(s))",
+            file=sys.stderr,
+        )
+    return result
+
+
+def _save_code(graph: KNGraph, save_codes: bool | PathLike, device: int | None) -> None:
+    """Writes the winner's generated CUDA source (for the GPU's arch, else sm_90)."""
+    folder = (
+        os.fspath(save_codes)
+        if not isinstance(save_codes, bool)
+        else os.environ.get("MIRAGE_SAVE_CODES") or "mirage_generated"
+    )
+    try:
+        if device is not None:
+            exe = _cuda.executable(graph, device)
+            arch, source = exe.arch, exe.source
+        else:
+            arch = _cuda.default_arch()
+            source = _cuda.cuda_source(graph, arch)[0]
+    except (RuntimeError, ValueError) as e:
+        warnings.warn(
+            f"superoptimize: save_codes: no CUDA source: {e}", RuntimeWarning, stacklevel=3
+        )
+        return
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{graph.hash()[:16]}_sm{arch}.cu"), "w", encoding="utf-8") as f:
+        f.write(source)

@@ -1,0 +1,319 @@
+"""``KNGraph.superoptimize`` on the CPU: fused µGraphs found and correct, caching, checkpoints,
+argument checks, bad graphs, time budget and cancellation (Ctrl-C)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import mirage as mi
+import numpy as np
+import pytest
+import torch
+from conftest import assert_error, rel_err
+from mirage import search
+from mirage.kernel import KNGraph
+
+
+def rmsnorm_linear(m: int = 8, k: int = 512, n: int = 512, dtype=mi.float16) -> KNGraph:
+    g = mi.new_kernel_graph()
+    X = g.new_input(dims=(m, k), dtype=dtype)
+    W = g.new_input(dims=(k, n), dtype=dtype)
+    g.mark_output(g.matmul(g.rms_norm(X, normalized_shape=(k,)), W))
+    return g
+
+
+def gated_mlp(m: int = 8, k: int = 256, n: int = 256, dtype=mi.float16) -> KNGraph:
+    g = mi.new_kernel_graph()
+    X = g.new_input(dims=(m, k), dtype=dtype)
+    W1 = g.new_input(dims=(k, n), dtype=dtype)
+    W2 = g.new_input(dims=(k, n), dtype=dtype)
+    g.mark_output(g.mul(g.silu(g.matmul(X, W1)), g.matmul(X, W2)))
+    return g
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return tmp_path / "cache"
+
+
+def test_rmsnorm_linear_one_kernel_matches_torch(cache):
+    g = rmsnorm_linear()
+    t0 = time.perf_counter()
+    best = g.superoptimize(backend="cpu", cache_dir=cache)
+    elapsed = time.perf_counter() - t0
+    assert isinstance(best, KNGraph)
+    assert best is not g
+    st = best.search_stats
+    assert isinstance(st, dict) and st["source"] == "search"
+    assert st["winner"]["customized_kernels"] == 1
+    assert st["winner"]["verification"] == "passed"
+    assert st["winner"]["cost"]["launches"] == 1
+    assert st["selection"]["method"] == "cost_model"
+    assert best.candidates_considered >= 1
+    assert best.num_ops == 3  # two inputs and one customized op
+    assert elapsed < 10
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 512, generator=gen).half()
+    w = (torch.randn(512, 512, generator=gen) / 16).half()
+    (out,) = best(inputs=[x, w])
+    assert out.dtype == torch.float16 and tuple(out.shape) == (8, 512)
+    xd = x.double()
+    ref = (xd / xd.square().mean(-1, keepdim=True).sqrt()) @ w.double()
+    assert rel_err(out, ref) < 1e-2
+    # A normal graph: serializes and reloads.
+    again = mi.from_json(best.to_json())
+    assert again.hash() == best.hash() == st["winner"]["hash"]
+
+
+def test_gated_mlp_one_kernel(cache):
+    g = gated_mlp()
+    best = g.superoptimize(config="mlp", backend="cpu", cache_dir=cache)
+    assert best.search_stats["winner"]["customized_kernels"] == 1
+    assert best.search_stats["winner"]["cost"]["launches"] == 1
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 256)).astype(np.float16)
+    w1 = (rng.standard_normal((256, 256)) / 16).astype(np.float16)
+    w2 = (rng.standard_normal((256, 256)) / 16).astype(np.float16)
+    (out,) = best(inputs=[x, w1, w2])
+    a = x.astype(np.float64) @ w1.astype(np.float64)
+    ref = a / (1 + np.exp(-a)) * (x.astype(np.float64) @ w2.astype(np.float64))
+    assert rel_err(out, ref) < 1e-2
+
+
+def test_cache_hit_is_fast_and_identical(cache):
+    g = rmsnorm_linear()
+    t0 = time.perf_counter()
+    first = g.superoptimize(backend="cpu", cache_dir=cache)
+    t1 = time.perf_counter()
+    second = g.superoptimize(backend="cpu", cache_dir=cache)
+    t2 = time.perf_counter()
+    assert first.search_stats["source"] == "search"
+    assert second.search_stats["source"] == "cache"
+    assert second.to_json() == first.to_json()
+    assert (t2 - t1) < 0.1 * (t1 - t0), f"cache hit {t2 - t1:.3f}s vs search {t1 - t0:.3f}s"
+    files = list(cache.glob("*.json"))
+    assert len(files) == 1
+    # Other settings are another entry; use_cached_graphs=False searches again.
+    third = g.superoptimize(backend="cpu", cache_dir=cache, franges=[4, 16])
+    assert third.search_stats["source"] == "search"
+    assert len(list(cache.glob("*.json"))) == 2
+    fourth = g.superoptimize(backend="cpu", cache_dir=cache, use_cached_graphs=False)
+    assert fourth.search_stats["source"] == "search"
+
+
+def test_default_cache_dir_from_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
+    assert search.default_cache_dir() == str(tmp_path / "search")
+    best = rmsnorm_linear(8, 256, 256).superoptimize(backend="cpu")
+    assert best.search_stats["cache_file"].startswith(str(tmp_path / "search"))
+
+
+def test_previous_checkpoint_round_trip(tmp_path):
+    ckpt = tmp_path / "ckpt.json"
+    g = rmsnorm_linear(8, 256, 256)
+    first = g.superoptimize(backend="cpu", previous_checkpoint=str(ckpt))
+    assert ckpt.exists() and first.search_stats["source"] == "search"
+    data = json.loads(ckpt.read_text())
+    assert data["graph_hash"] == g.hash() and data["candidates"]
+    second = g.superoptimize(backend="cpu", previous_checkpoint=ckpt)
+    assert second.search_stats["source"] == "checkpoint"
+    assert second.to_json() == first.to_json()
+    # A checkpoint of another graph is refused.
+    other = gated_mlp()
+    with pytest.raises(ValueError) as e:
+        other.superoptimize(backend="cpu", previous_checkpoint=ckpt)
+    assert_error(e, "previous_checkpoint", "another graph")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError) as e:
+        g.superoptimize(backend="cpu", previous_checkpoint=bad)
+    assert_error(e, "bad.json")
+
+
+def test_unsatisfiable_griddims_is_a_clear_error(cache):
+    g = rmsnorm_linear()
+    t0 = time.perf_counter()
+    with pytest.raises((ValueError, mi.SearchError)) as e:
+        g.superoptimize(backend="cpu", cache_dir=cache, griddims=[(7, 1, 1)])
+    assert_error(e, "griddims")
+    assert time.perf_counter() - t0 < 5
+
+
+def test_graphs_without_ops_or_outputs():
+    with pytest.raises(ValueError) as e:
+        mi.new_kernel_graph().superoptimize(backend="cpu")
+    assert_error(e, "empty")
+    g = mi.new_kernel_graph()
+    g.new_input(dims=(8, 64), dtype=mi.float16)
+    with pytest.raises(ValueError) as e:
+        g.superoptimize(backend="cpu")
+    assert_error(e, "only inputs")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"griddims": (64, 1, 1)}, "griddims"),
+        ({"griddims": "64"}, "griddims"),
+        ({"imaps": [(0, "x", -1)]}, "imaps"),
+        ({"fmaps": [1.5]}, "fmaps"),
+        ({"franges": 16}, "franges"),
+        ({"verbose": "yes"}, "verbose"),
+        ({"config": 3}, "config"),
+        ({"backend": None}, "backend"),
+        ({"warmup_iters": 2.0}, "warmup_iters"),
+        ({"time_budget": "1s"}, "time_budget"),
+        ({"time_budget": True}, "time_budget"),
+        ({"num_threads": 1.5}, "num_threads"),
+        ({"previous_checkpoint": 3}, "previous_checkpoint"),
+        ({"cache_dir": 3}, "cache_dir"),
+        ({"use_cached_graphs": 1}, "use_cached_graphs"),
+        ({"is_formal_verified": None}, "is_formal_verified"),
+        ({"config": {"max_block_ops": "9"}}, "max_block_ops"),
+    ],
+)
+def test_bad_argument_types(kwargs, name):
+    with pytest.raises(TypeError) as e:
+        rmsnorm_linear(8, 64, 64).superoptimize(**kwargs)
+    assert_error(e, name)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"config": "transformer"}, "config"),
+        ({"config": {"max_ops": 3}}, "max_ops"),
+        ({"backend": "triton"}, "backend"),
+        ({"franges": [0]}, "franges"),
+        ({"franges": []}, "franges"),
+        ({"griddims": [(0, 1, 1)]}, "griddims"),
+        ({"imaps": [(0, -2, -1)]}, "imaps"),
+        ({"profile_iters": 0}, "profile_iters"),
+        ({"time_budget": -1.0}, "time_budget"),
+        ({"num_threads": 0}, "num_threads"),
+        ({"blockdims": [(2048, 1, 1)]}, "blockdims"),
+    ],
+)
+def test_bad_argument_values(kwargs, name, cache):
+    with pytest.raises(ValueError) as e:
+        rmsnorm_linear(8, 64, 64).superoptimize(**{"backend": "cpu", "cache_dir": cache, **kwargs})
+    assert_error(e, name)
+
+
+def test_ignored_reference_arguments_are_accepted(cache):
+    best = rmsnorm_linear(8, 256, 256).superoptimize(
+        backend="cpu",
+        cache_dir=cache,
+        use_graph_dataset=False,
+        is_formal_verified=True,
+        warmup_iters=0,
+        profile_iters=5,
+        num_threads=1,
+    )
+    assert best.search_stats["winner"]["customized_kernels"] == 1
+
+
+def test_restrictions_are_honoured(cache):
+    best = rmsnorm_linear().superoptimize(
+        backend="cpu", cache_dir=cache, griddims=[(16, 1, 1)], franges=[16]
+    )
+    ops = json.loads(best.to_json())["graph"]["ops"]
+    kernels = [o["kind"]["graph"] for o in ops if o["kind"]["kind"] == "customized"]
+    assert kernels, best.to_json()
+    for k in kernels:
+        assert k["grid_dim"] == [16, 1, 1] and k["forloop_range"] == 16
+
+
+def test_time_budget_is_respected(cache):
+    # Without abstract-expression pruning the search would run for minutes.
+    g = rmsnorm_linear()
+    t0 = time.perf_counter()
+    try:
+        best = g.superoptimize(
+            backend="cpu",
+            cache_dir=cache,
+            time_budget=0.5,
+            config={"expression_pruning": False},
+        )
+    except mi.SearchError as e:
+        assert "time budget" in str(e)
+    else:
+        assert best.search_stats["stopped"] == "time_budget"
+    assert time.perf_counter() - t0 < 3.0
+    assert not list(cache.glob("*.json")), "a stopped search must not be cached"
+
+
+def test_progress_hook_exception_cancels_the_search():
+    """The cancel-flag path: an exception from the progress hook (as KeyboardInterrupt from
+    Ctrl-C would be) sets the cancel flag, the search returns promptly, the error propagates."""
+    g = rmsnorm_linear()
+    calls = []
+
+    def hook(progress):
+        calls.append(progress)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        search.search_candidates(
+            g, {"expression_pruning": False}, time_budget=30.0, on_progress=hook
+        )
+    assert time.perf_counter() - t0 < 3.0
+    assert len(calls) == 2 and {"states", "elapsed", "pruned_by_expression"} <= set(calls[0])
+
+    class Stop(Exception):
+        pass
+
+    def stop(progress):
+        raise Stop("from the hook")
+
+    with pytest.raises(Stop):
+        search.search_candidates(
+            g, {"expression_pruning": False}, time_budget=30.0, on_progress=stop
+        )
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals")
+def test_ctrl_c_cancels_the_search(cache):
+    g = rmsnorm_linear()
+    timer = threading.Timer(0.4, signal.raise_signal, args=(signal.SIGINT,))
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    t0 = time.perf_counter()
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            g.superoptimize(
+                backend="cpu",
+                cache_dir=cache,
+                time_budget=30.0,
+                config={"expression_pruning": False},
+            )
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, old)
+    assert time.perf_counter() - t0 < 3.0
+
+
+def test_verbose_progress(capsys, cache):
+    g = rmsnorm_linear()
+    best = g.superoptimize(backend="cpu", cache_dir=cache, verbose=True)
+    err = capsys.readouterr().err
+    assert "superoptimize done" in err and "states" in err and "verified" in err
+    assert "chose candidate" in err
+    best2 = g.superoptimize(backend="cpu", cache_dir=cache, verbose=True)
+    assert "loaded" in capsys.readouterr().err
+    assert best2.to_json() == best.to_json()
+
+
+def test_save_codes_writes_cuda_source(tmp_path, cache):
+    out = tmp_path / "codes"
+    best = rmsnorm_linear(8, 256, 256).superoptimize(
+        backend="cpu", cache_dir=cache, save_codes=str(out)
+    )
+    files = list(out.glob("*.cu"))
+    assert len(files) == 1 and best.hash()[:16] in files[0].name
+    assert "__global__" in files[0].read_text()

@@ -287,6 +287,18 @@ def _cuda_device(backend: str) -> tuple[int | None, str]:
     return get_gpu_device_id(), ""
 
 
+def _device_smem_limit(backend: str) -> int | None:
+    """The opt-in shared memory per block of the CUDA device candidates will run on, if any
+    (the search's default limit applies otherwise)."""
+    device, _ = _cuda_device(backend)
+    if device is None:
+        return None
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", 0)) or None
+
+
 def _random_inputs(graph: KNGraph, device: int) -> list[Any]:
     import torch
 
@@ -462,6 +474,10 @@ def superoptimize(
     checkpoint = _path("previous_checkpoint", previous_checkpoint)
     folder = _path("cache_dir", cache_dir)
     settings.update(_resolve_config(config))
+    if "shared_memory_limit" not in settings:
+        limit = _device_smem_limit(backend)
+        if limit is not None:
+            settings["shared_memory_limit"] = limit
 
     core = graph._core
     if core.num_ops == 0:

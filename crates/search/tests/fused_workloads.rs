@@ -1,23 +1,55 @@
 //! The other workloads of the paper (mirage-facts section 6) at the paper's shapes, batch 1:
 //! LoRA and nTrans in one kernel; GQA, MHA and MQA in at most two kernels with no attention
-//! matrix in device memory; QKNorm with the norms inside the attention kernels.
+//! matrix in device memory; QKNorm with the norms inside the attention kernels. Each found
+//! µGraph also runs on the CPU interpreter against the reference.
 
 mod common;
 
 use common::{best, describe, kernels, launches};
 use mirage_search::{superoptimize, SearchConfig};
-use mirage_ugraph::{zoo, BlockOpKind, KernelGraph};
+use mirage_ugraph::{run, zoo, BlockOpKind, KernelGraph, Tensor};
 
 fn workload(name: &str) -> zoo::Pair {
     zoo::paper_workloads(1).expect("zoo builds").into_iter().find(|p| p.name == name).expect("known workload")
 }
 
+/// Searches, then checks on the CPU interpreter that the best µGraph computes the reference's
+/// values on random inputs at the paper's shapes.
 fn search(p: &zoo::Pair) -> KernelGraph {
     let r = superoptimize(&p.reference, &SearchConfig::default()).expect("search runs");
     eprintln!("{}: {:?}", p.name, r.stats);
     let c = best(&r);
     eprintln!("{}: best {:.2} us, {} launch(es), {:?}", p.name, c.cost.est_us, c.cost.launches, c.verification);
+    assert_same_values(p, &c.graph);
     c.graph.clone()
+}
+
+fn assert_same_values(p: &zoo::Pair, g: &KernelGraph) {
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let inputs: Vec<Tensor<f32>> = p
+        .reference
+        .input_ids()
+        .iter()
+        .map(|&id| {
+            let dims = p.reference.tensors[id].dims.clone();
+            let data = (0..dims.iter().product::<usize>())
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                })
+                .collect();
+            Tensor::new(dims, data).expect("dims match")
+        })
+        .collect();
+    let want = run(&p.reference, &inputs).expect("reference runs");
+    let got = run(g, &inputs).expect("found µGraph runs");
+    for (w, o) in want.iter().zip(&got) {
+        let num: f64 = w.data.iter().zip(&o.data).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        let den: f64 = w.data.iter().map(|a| (*a as f64).powi(2)).sum();
+        assert!((num / den).sqrt() < 1e-4, "{}: relative error {} on the CPU", p.name, (num / den).sqrt());
+    }
 }
 
 /// No device tensor of the attention matrix's size (queries x keys per batch).

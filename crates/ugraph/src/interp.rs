@@ -559,7 +559,7 @@ fn run_block<S: Scalar>(bg: &BlockGraph, plan: &BlockPlan, inputs: &[Option<&Par
                         BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => match acc {
                             Accum::None => x.into_owned(),
                             Accum::Sum | Accum::Mean => x.sum_dim(last),
-                            Accum::Rms => x.binary(BinaryOp::Mul, &x).sum_dim(last),
+                            Accum::Rms => x.zip_with(&x, |a, b| S::zero().mul_acc(a, b)).sum_dim(last),
                             Accum::SumToDimx => {
                                 // Fold the whole row, then keep the demanded part of [0, dimx).
                                 let folded = x.sum_to_dimx(bg.reduction_dimx);
@@ -576,9 +576,9 @@ fn run_block<S: Scalar>(bg: &BlockGraph, plan: &BlockPlan, inputs: &[Option<&Par
                         (Some(acc), BlockOpKind::ForloopAccumMax) => acc.t.zip_with(&contrib, S::max),
                         (Some(acc), BlockOpKind::ForloopAccumRescale { .. }) => {
                             let s = get(&vals, op.inputs[1]).view(&r.broadcast_to(&bg.tensors[op.inputs[1]].dims));
-                            acc.t.binary(BinaryOp::Mul, &s).binary(BinaryOp::Add, &contrib)
+                            acc.t.binary(BinaryOp::Mul, &s).zip_with(&contrib, S::add_acc)
                         }
-                        (Some(acc), _) => acc.t.binary(BinaryOp::Add, &contrib),
+                        (Some(acc), _) => acc.t.zip_with(&contrib, S::add_acc),
                     };
                     vals[op.outputs[0]] = Some(Part { region: r, t: next });
                 }

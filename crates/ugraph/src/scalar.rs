@@ -37,6 +37,17 @@ pub trait Scalar: Copy + Send + Sync + std::fmt::Debug + 'static {
     fn max(self, o: Self) -> Self;
     /// Widens to f64 for reporting (a field domain returns its canonical representative).
     fn to_f64(self) -> f64;
+    /// `acc + x` inside a reduction (sums, accumulators). A simulated low-precision domain
+    /// keeps the running sum in f32 here, as GPU kernels do.
+    #[inline(always)]
+    fn add_acc(self, x: Self) -> Self {
+        self.add(x)
+    }
+    /// `acc + a * b` inside a reduction (matmul, sums of squares); see [`Scalar::add_acc`].
+    #[inline(always)]
+    fn mul_acc(self, a: Self, b: Self) -> Self {
+        self.add(a.mul(b))
+    }
 }
 
 /// Float domains: IEEE arithmetic, `gelu` in its erf form.

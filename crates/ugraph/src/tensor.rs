@@ -97,7 +97,7 @@ impl<S: Scalar> Tensor<S> {
                     let av = a[i * k + kk];
                     let brow = &b[kk * n..(kk + 1) * n];
                     for (cv, &bv) in crow.iter_mut().zip(brow) {
-                        *cv = cv.add(av.mul(bv));
+                        *cv = cv.mul_acc(av, bv);
                     }
                 }
             }
@@ -131,7 +131,7 @@ impl<S: Scalar> Tensor<S> {
 
     /// Sum over `dim`, kept with size 1.
     pub fn sum_dim(&self, dim: usize) -> Self {
-        self.fold_dim(dim, |a, b| a.add(b))
+        self.fold_dim(dim, |a, b| a.add_acc(b))
     }
 
     /// Max over `dim`, kept with size 1.
@@ -150,7 +150,7 @@ impl<S: Scalar> Tensor<S> {
             dst.copy_from_slice(&src[..dimx]);
             for chunk in src[dimx..].chunks(dimx) {
                 for (d, &s) in dst.iter_mut().zip(chunk) {
-                    *d = d.add(s);
+                    *d = d.add_acc(s);
                 }
             }
         }
@@ -168,7 +168,7 @@ impl<S: Scalar> Tensor<S> {
         for row in self.data.chunks(len) {
             let mut ss = S::zero();
             for &x in row {
-                ss = ss.add(x.mul(x));
+                ss = ss.mul_acc(x, x);
             }
             let r = ss.div(n).sqrt();
             match weight {
@@ -194,7 +194,7 @@ impl<S: Scalar> Tensor<S> {
                 for l in 0..len {
                     let e = data[idx(l)].sub(m).exp();
                     data[idx(l)] = e;
-                    s = s.add(e);
+                    s = s.add_acc(e);
                 }
                 for l in 0..len {
                     data[idx(l)] = data[idx(l)].div(s);

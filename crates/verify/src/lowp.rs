@@ -1,8 +1,8 @@
 //! Simulated low-precision float domains for the numerical cross-check: [`Half`] and [`BHalf`]
 //! compute each op in f32 and round its result to fp16 / bf16 (round to nearest even, overflow
-//! to infinity, fp16 subnormals), as a kernel that keeps every intermediate in 16 bits would.
-//! This is pessimistic for matmul accumulation (GPUs accumulate in f32), which is why the
-//! tolerances of [`crate::float_check`] are loose.
+//! to infinity, fp16 subnormals), as a kernel that keeps every tile in 16 bits would; running
+//! sums of reductions and accumulators (`add_acc`, `mul_acc`) stay in f32, as GPU kernels
+//! accumulate (tensor-core matmuls, fp32 accumulators).
 
 use mirage_ugraph::{DType, Scalar};
 
@@ -123,6 +123,14 @@ macro_rules! lowp_scalar {
             #[inline(always)]
             fn to_f64(self) -> f64 {
                 self.0 as f64
+            }
+            #[inline(always)]
+            fn add_acc(self, x: Self) -> Self {
+                $name(self.0 + x.0)
+            }
+            #[inline(always)]
+            fn mul_acc(self, a: Self, b: Self) -> Self {
+                $name(self.0 + a.0 * b.0)
             }
         }
     };

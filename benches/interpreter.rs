@@ -1,18 +1,7 @@
 //! Interpreter throughput: the paper's µGraphs on the CPU (f32), one core and all cores.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mirage::{run, zoo, DType, KernelGraph, Tensor};
-
-fn inputs(g: &KernelGraph) -> Vec<Tensor<f32>> {
-    g.input_ids()
-        .iter()
-        .map(|&id| {
-            let dims = g.tensors[id].dims.clone();
-            let n: usize = dims.iter().product();
-            Tensor::new(dims, (0..n).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect()).expect("dims")
-        })
-        .collect()
-}
+use mirage::{random_inputs, run, zoo, DType};
 
 fn bench(c: &mut Criterion) {
     let f16 = DType::Float16;
@@ -29,7 +18,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("interpreter");
     group.sample_size(10);
     for (name, pair) in &cases {
-        let ins = inputs(&pair.ugraph);
+        let ins = random_inputs(&pair.ugraph, 1);
         group.bench_function(format!("{name}/ugraph/1-thread"), |b| {
             b.iter(|| one.install(|| run(&pair.ugraph, &ins).expect("runs")))
         });

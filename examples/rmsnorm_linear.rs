@@ -7,19 +7,6 @@ use std::time::Instant;
 
 use mirage::{Accum, BinaryOp, BlockGraph, DType, KernelGraph, Tensor};
 
-fn random(dims: &[usize], seed: u64) -> Tensor<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let data = (0..dims.iter().product::<usize>())
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect();
-    Tensor::new(dims.to_vec(), data).expect("dims match data")
-}
-
 fn main() -> mirage::Result<()> {
     let (m, k, n) = (16, 4096, 4096);
     // The fused µGraph: grid of 64 blocks over W's columns, loop of 64 over k.
@@ -45,7 +32,7 @@ fn main() -> mirage::Result<()> {
     let pz = plain.matmul(y, pw)?;
     plain.mark_output(pz, None)?;
 
-    let inputs = [random(&[m, k], 1), random(&[k, n], 2)];
+    let inputs = [Tensor::random(&[m, k], 1), Tensor::random(&[k, n], 2)];
     let t0 = Instant::now();
     let got = mirage::run(&fused, &inputs)?;
     let fused_s = t0.elapsed().as_secs_f64();

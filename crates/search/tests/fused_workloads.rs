@@ -7,7 +7,7 @@ mod common;
 
 use common::{best, describe, kernels, launches};
 use mirage_search::{superoptimize, SearchConfig};
-use mirage_ugraph::{run, zoo, BlockOpKind, KernelGraph, Tensor};
+use mirage_ugraph::{random_inputs, run, zoo, BlockOpKind, KernelGraph};
 
 fn workload(name: &str) -> zoo::Pair {
     zoo::paper_workloads(1).expect("zoo builds").into_iter().find(|p| p.name == name).expect("known workload")
@@ -25,24 +25,7 @@ fn search(p: &zoo::Pair) -> KernelGraph {
 }
 
 fn assert_same_values(p: &zoo::Pair, g: &KernelGraph) {
-    let mut s = 0x2545_f491_4f6c_dd1du64;
-    let inputs: Vec<Tensor<f32>> = p
-        .reference
-        .input_ids()
-        .iter()
-        .map(|&id| {
-            let dims = p.reference.tensors[id].dims.clone();
-            let data = (0..dims.iter().product::<usize>())
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-                })
-                .collect();
-            Tensor::new(dims, data).expect("dims match")
-        })
-        .collect();
+    let inputs = random_inputs(&p.reference, 0x2545_f491);
     let want = run(&p.reference, &inputs).expect("reference runs");
     let got = run(g, &inputs).expect("found µGraph runs");
     for (w, o) in want.iter().zip(&got) {

@@ -218,6 +218,12 @@ fn block_rule(kind: &BlockOpKind, rank: usize) -> Rule {
     }
 }
 
+/// Pseudo-random f32 tensors for every input of `g` ([`Tensor::random`], input `i` seeded with
+/// `seed + i`).
+pub fn random_inputs(g: &KernelGraph, seed: u64) -> Vec<Tensor<f32>> {
+    g.input_ids().iter().enumerate().map(|(i, &id)| Tensor::random(&g.tensors[id].dims, seed + i as u64)).collect()
+}
+
 /// Runs `g` on `inputs` (one per graph input, in order); returns the graph's outputs
 /// ([`KernelGraph::output_ids`]) in order.
 pub fn run<S: Scalar>(g: &KernelGraph, inputs: &[Tensor<S>]) -> Result<Vec<Tensor<S>>> {

@@ -39,7 +39,7 @@ pub use block::{BlockGraph, BlockOp, BlockOpKind, Phase, STensor, STensorId};
 pub use dot::to_dot;
 pub use error::{Error, Result};
 pub use hash::graph_hash;
-pub use interp::{run, run_region, Region, Source};
+pub use interp::{random_inputs, run, run_region, Region, Source};
 pub use json::{from_json, to_json, FORMAT_VERSION};
 pub use kernel::{DTensor, KernelGraph, KernelOp, KernelOpKind, Output, TensorId};
 pub use ops::{Accum, BinaryOp, UnaryOp};

@@ -231,6 +231,23 @@ impl<S: Scalar> Tensor<S> {
     }
 }
 
+impl Tensor<f32> {
+    /// A deterministic pseudo-random tensor (xorshift64 of `seed`) with values in `[-0.5, 0.5)`,
+    /// for examples, tests and benches.
+    pub fn random(dims: &[usize], seed: u64) -> Tensor<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let data = (0..numel(dims))
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        Tensor { dims: dims.to_vec(), data }
+    }
+}
+
 /// Copies an N-d box of `extent` from `src` at `so` to `dst` at `dof` (row-major, same rank).
 fn copy_box<S: Copy>(
     src: &[S],

@@ -1,26 +1,6 @@
 //! Every hand-written µGraph of the zoo computes what its plain program computes (f32 CPU runs).
 
-use mirage_ugraph::{run, zoo, DType, KernelGraph, Tensor};
-
-fn random_inputs(g: &KernelGraph, seed: u64) -> Vec<Tensor<f32>> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    g.input_ids()
-        .iter()
-        .map(|&id| {
-            let dims = g.tensors[id].dims.clone();
-            let n: usize = dims.iter().product();
-            let data = (0..n)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-                })
-                .collect();
-            Tensor::new(dims, data).expect("dims match")
-        })
-        .collect()
-}
+use mirage_ugraph::{random_inputs, run, zoo, DType, Tensor};
 
 fn rel_err(a: &Tensor<f32>, b: &Tensor<f32>) -> f64 {
     assert_eq!(a.dims, b.dims);

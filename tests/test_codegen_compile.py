@@ -1,6 +1,6 @@
 """CUDA code generation compiles with NVRTC (no GPU needed): every zoo µGraph and its reference
-program, and a set of kernel-op and block-op graphs, for sm_80 and sm_90 (CUBIN). A compile
-error fails the test with NVRTC's log.
+program, a set of kernel-op and block-op graphs, and every graph the CPU suite shares, for sm_80
+and sm_90 (CUBIN). A compile error fails the test with NVRTC's log.
 """
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 
 import mirage as mi
+import numpy as np
 import pytest
 from mirage import _core, _cuda
+from test_serialization import GRAPHS as SUITE_GRAPHS
 
 ARCHS = (80, 90)
 
@@ -135,3 +137,10 @@ def test_cubin_cache_hits_disk(tmp_path, monkeypatch):
     first = _core.nvrtc_compile(src + "// probe " + str(tmp_path), 90)
     files = list((cache / "cubin").glob("*.cubin"))
     assert len(files) == 1 and files[0].read_bytes() == first
+
+
+@pytest.mark.parametrize("name", sorted(SUITE_GRAPHS))
+def test_every_suite_graph_compiles(name):
+    """The µGraphs the CPU suite checks (test_ugraphs, every kernel op, every block op)."""
+    g = SUITE_GRAPHS[name](np.random.default_rng(0))[0]
+    _compile(g, name)

@@ -51,50 +51,45 @@ __device__ __forceinline__ float op_pow(float a, float b) { return powf(a, b); }
 __device__ __forceinline__ float op_max(float a, float b) { return fmaxf(a, b); }
 
 // --------------------------------------------------------------- reductions
-__device__ __forceinline__ float warp_sum(float v) {
+// Combine steps of the reductions.
+struct SumOp {
+  static __device__ __forceinline__ float apply(float a, float b) { return a + b; }
+};
+struct MaxOp {
+  static __device__ __forceinline__ float apply(float a, float b) { return fmaxf(a, b); }
+};
+
+// Warp-wide reduction with `Op`; every lane gets the result.
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Block-wide sum; every thread gets the result. `scratch` holds 32 floats of shared memory.
-// Contains barriers: call from every thread of the block.
-template <int NT>
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  static_assert(NT % 32 == 0, "block_sum needs whole warps");
+// Block-wide reduction with `Op`; every thread gets the result. `scratch` holds 32 floats of
+// shared memory. Contains barriers: call from every thread of the block.
+template <int NT, class Op>
+__device__ __forceinline__ float block_reduce(float v, float* scratch) {
+  static_assert(NT % 32 == 0 && NT > 0, "block reductions need whole warps");
   constexpr int NW = NT / 32;
   const int t = lin_tid();
-  v = warp_sum(v);
+  v = warp_reduce<Op>(v);
   __syncthreads();
   if ((t & 31) == 0) scratch[t >> 5] = v;
   __syncthreads();
-  float r = 0.0f;
+  float r = scratch[0];
 #pragma unroll
-  for (int w = 0; w < NW; ++w) r += scratch[w];
+  for (int w = 1; w < NW; ++w) r = Op::apply(r, scratch[w]);
   return r;
 }
 
-// Block-wide max; every thread gets the result. Same contract as block_sum.
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce<SumOp>(v); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce<MaxOp>(v); }
 template <int NT>
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  static_assert(NT % 32 == 0, "block_max needs whole warps");
-  constexpr int NW = NT / 32;
-  const int t = lin_tid();
-  v = warp_max(v);
-  __syncthreads();
-  if ((t & 31) == 0) scratch[t >> 5] = v;
-  __syncthreads();
-  float r = neg_inf();
-#pragma unroll
-  for (int w = 0; w < NW; ++w) r = fmaxf(r, scratch[w]);
-  return r;
-}
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<NT, SumOp>(v, scratch); }
+template <int NT>
+__device__ __forceinline__ float block_max(float v, float* scratch) { return block_reduce<NT, MaxOp>(v, scratch); }
 
 // Reduces a [OUTER, LEN, INNER] index space over LEN by the whole block.
 // load(i) returns element i (row-major over [OUTER, LEN, INNER]) as float;

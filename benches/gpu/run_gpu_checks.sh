@@ -4,6 +4,9 @@
 #
 #   bash benches/gpu/run_gpu_checks.sh            # full: batch 1/8/16
 #   SMALL=1 bash benches/gpu/run_gpu_checks.sh    # small shapes only
+#   BENCH=1 bash benches/gpu/run_gpu_checks.sh    # then the side-by-side benchmark (bench.py):
+#                                                 # $OUT/bench.json and $OUT/bench.md; extra
+#                                                 # arguments in BENCH_ARGS (e.g. "--quick")
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 target=${MIRAGE_TARGET:-/tmp/mi}
@@ -12,8 +15,15 @@ python -m pip install -q --no-deps --target "$target" wheels/*.whl
 export PYTHONPATH="$target" MIRAGE_CACHE_DIR=${MIRAGE_CACHE_DIR:-/tmp/mirage-cache}
 out=${OUT:-/tmp}
 python -m pytest -q tests/gpu -p no:cacheprovider 2>&1 | tail -5
+status=0
 if [ -n "${SMALL:-}" ]; then
-    python benches/gpu/check_correctness.py --small --json "$out/check.json"
+    python benches/gpu/check_correctness.py --small --json "$out/check.json" || status=$?
 else
-    python benches/gpu/check_correctness.py --json "$out/check.json"
+    python benches/gpu/check_correctness.py --json "$out/check.json" || status=$?
 fi
+if [ -n "${BENCH:-}" ]; then
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+    python benches/gpu/bench.py --json "$out/bench.json" --write-md "$out/bench.md" \
+        ${BENCH_ARGS:-} || status=$?
+fi
+exit "$status"

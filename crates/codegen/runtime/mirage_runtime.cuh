@@ -34,6 +34,48 @@ template <> __device__ __forceinline__ float from_f32<float>(float x) { return x
 template <> __device__ __forceinline__ f16 from_f32<f16>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
 
+// ------------------------------------------------------------ tile copies
+// Shared-memory index of element i of a tile stored with rows of INNER elements padded to LD.
+template <int INNER, int LD>
+__device__ __forceinline__ int pidx(int i) {
+  if constexpr (INNER == LD) {
+    return i;
+  } else {
+    return i / INNER * LD + i % INNER;
+  }
+}
+
+// Whether a device pointer is 16-byte aligned (the vector copy path needs it).
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull;
+}
+
+// One 16-byte global -> shared copy: asynchronous (cp.async, L1 bypassed) on sm_80+.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+
+// Closes the group of copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most N committed groups are still in flight (this thread's copies only:
+// a barrier must follow before other threads read the data).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // --------------------------------------------------------- element-wise ops
 // Accurate (not fast-math) fp32 versions: they match the interpreter's f32 semantics.
 __device__ __forceinline__ float op_exp(float x) { return expf(x); }
@@ -198,66 +240,140 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const uns
 #endif
 }
 
-// Tensor-core path: one warp per 16x8 output fragment, m16n8k16 with fp32 accumulators.
-// Operands are read element-wise from shared memory with bounds predicates (zero padding),
-// so any M, N, K work.
-template <int NT, int BATCH, int M, int N, int K, typename T, class Epi>
+__device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+#endif
+}
+
+__device__ __forceinline__ void ldsm_x2_trans(unsigned* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(s));
+#endif
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+#endif
+}
+
+// Tensor-core path: each warp owns fragments of 16 x (8*NF) outputs, m16n8k16 with fp32
+// accumulators. A is [BATCH][M][K] with rows LDA elements apart, B is [BATCH][K][N] with rows
+// LDB apart (padding against bank conflicts). Whole 16-row / 16-deep / 8-column fragments
+// are read with ldmatrix; ragged edges with predicated element loads (zero padding), so any
+// M, N, K work.
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, class Epi>
 __device__ __forceinline__ void matmul_mma(const T* A, const T* B, Epi epi) {
   constexpr int NW = NT / 32;
-  constexpr int MT = (M + 15) / 16, NTL = (N + 7) / 8;
+  constexpr int MT = (M + 15) / 16, NT8 = (N + 7) / 8;
+  // Column fragments per warp task: reuse each A fragment across up to 4 n-fragments, but
+  // keep enough tasks to occupy every warp.
+  constexpr int NF = (NT8 % 4 == 0 && BATCH * MT * (NT8 / 4) >= NW) ? 4
+                     : (NT8 % 2 == 0 && BATCH * MT * (NT8 / 2) >= NW) ? 2
+                                                                         : 1;
+  constexpr int NG = NT8 / NF;
+  constexpr bool A_LDSM = (M % 16 == 0) && (K % 16 == 0) && ((LDA * 2) % 16 == 0);
+  constexpr bool A_WORD = (K % 16 == 0) && (LDA % 2 == 0);
+  constexpr bool B_LDSM = (N % 8 == 0) && (K % 16 == 0) && ((LDB * 2) % 16 == 0);
   const int t = lin_tid();
   const int warp = t >> 5, lane = t & 31;
   const int g = lane >> 2, q = lane & 3;
-  for (int f = warp; f < BATCH * MT * NTL; f += NW) {
-    const int b = f / (MT * NTL);
-    const int mt = (f / NTL) % MT, nt = f % NTL;
-    const T* Ab = A + b * M * K;
-    const T* Bb = B + b * K * N;
+  for (int f = warp; f < BATCH * MT * NG; f += NW) {
+    const int b = f / (MT * NG);
+    const int mt = (f / NG) % MT, ng = f % NG;
+    const T* Ab = A + b * M * LDA;
+    const T* Bb = B + b * K * LDB;
     const int r0 = mt * 16 + g, r1 = r0 + 8;
-    const int col = nt * 8 + g;
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float d[NF][4];
+#pragma unroll
+    for (int j = 0; j < NF; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
+#pragma unroll 2
     for (int k0 = 0; k0 < K; k0 += 16) {
       const int ka = k0 + q * 2, kb = ka + 8;
-      unsigned a[4], bb[2];
-      a[0] = pack2(Ab, r0 < M && ka < K, r0 < M && ka + 1 < K, r0 * K + ka, r0 * K + ka + 1);
-      a[1] = pack2(Ab, r1 < M && ka < K, r1 < M && ka + 1 < K, r1 * K + ka, r1 * K + ka + 1);
-      a[2] = pack2(Ab, r0 < M && kb < K, r0 < M && kb + 1 < K, r0 * K + kb, r0 * K + kb + 1);
-      a[3] = pack2(Ab, r1 < M && kb < K, r1 < M && kb + 1 < K, r1 * K + kb, r1 * K + kb + 1);
-      bb[0] = pack2(Bb, col < N && ka < K, col < N && ka + 1 < K, ka * N + col, (ka + 1) * N + col);
-      bb[1] = pack2(Bb, col < N && kb < K, col < N && kb + 1 < K, kb * N + col, (kb + 1) * N + col);
-      mma_16816<T>(d, a, bb);
+      unsigned a[4], bq[4];
+      (void)bq;
+      if constexpr (A_LDSM) {
+        ldsm_x4(a, Ab + (mt * 16 + (lane & 15)) * LDA + k0 + (lane >> 4) * 8);
+      } else if constexpr (A_WORD) {
+        a[0] = r0 < M ? *reinterpret_cast<const unsigned*>(Ab + r0 * LDA + ka) : 0u;
+        a[1] = r1 < M ? *reinterpret_cast<const unsigned*>(Ab + r1 * LDA + ka) : 0u;
+        a[2] = r0 < M ? *reinterpret_cast<const unsigned*>(Ab + r0 * LDA + kb) : 0u;
+        a[3] = r1 < M ? *reinterpret_cast<const unsigned*>(Ab + r1 * LDA + kb) : 0u;
+      } else {
+        a[0] = pack2(Ab, r0 < M && ka < K, r0 < M && ka + 1 < K, r0 * LDA + ka, r0 * LDA + ka + 1);
+        a[1] = pack2(Ab, r1 < M && ka < K, r1 < M && ka + 1 < K, r1 * LDA + ka, r1 * LDA + ka + 1);
+        a[2] = pack2(Ab, r0 < M && kb < K, r0 < M && kb + 1 < K, r0 * LDA + kb, r0 * LDA + kb + 1);
+        a[3] = pack2(Ab, r1 < M && kb < K, r1 < M && kb + 1 < K, r1 * LDA + kb, r1 * LDA + kb + 1);
+      }
+#pragma unroll
+      for (int j = 0; j < NF; ++j) {
+        const int n0 = (ng * NF + j) * 8;
+        unsigned bb[2];
+        if constexpr (B_LDSM && NF % 2 == 0) {
+          // Two n-fragments per ldmatrix.x4: load at even j, use the upper half at odd j.
+          if (j % 2 == 0) {
+            ldsm_x4_trans(bq, Bb + (k0 + (lane & 15)) * LDB + n0 + (lane >> 4) * 8);
+            bb[0] = bq[0];
+            bb[1] = bq[1];
+          } else {
+            bb[0] = bq[2];
+            bb[1] = bq[3];
+          }
+        } else if constexpr (B_LDSM) {
+          ldsm_x2_trans(bb, Bb + (k0 + (lane & 15)) * LDB + n0);
+        } else {
+          const int col = n0 + g;
+          bb[0] = pack2(Bb, col < N && ka < K, col < N && ka + 1 < K, ka * LDB + col, (ka + 1) * LDB + col);
+          bb[1] = pack2(Bb, col < N && kb < K, col < N && kb + 1 < K, kb * LDB + col, (kb + 1) * LDB + col);
+        }
+        mma_16816<T>(d[j], a, bb);
+      }
     }
-    const int c0 = nt * 8 + q * 2;
-    if (r0 < M && c0 < N) epi((b * M + r0) * N + c0, d[0]);
-    if (r0 < M && c0 + 1 < N) epi((b * M + r0) * N + c0 + 1, d[1]);
-    if (r1 < M && c0 < N) epi((b * M + r1) * N + c0, d[2]);
-    if (r1 < M && c0 + 1 < N) epi((b * M + r1) * N + c0 + 1, d[3]);
+#pragma unroll
+    for (int j = 0; j < NF; ++j) {
+      const int c0 = (ng * NF + j) * 8 + q * 2;
+      if (r0 < M && c0 < N) epi((b * M + r0) * N + c0, d[j][0]);
+      if (r0 < M && c0 + 1 < N) epi((b * M + r0) * N + c0 + 1, d[j][1]);
+      if (r1 < M && c0 < N) epi((b * M + r1) * N + c0, d[j][2]);
+      if (r1 < M && c0 + 1 < N) epi((b * M + r1) * N + c0 + 1, d[j][3]);
+    }
   }
 }
 
 // CUDA-core path: a thread per output element, fp32 fused multiply-adds.
-template <int NT, int BATCH, int M, int N, int K, typename TA, typename TB, class Epi>
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename TA, typename TB, class Epi>
 __device__ __forceinline__ void matmul_simt(const TA* A, const TB* B, Epi epi) {
   for (int c = lin_tid(); c < BATCH * M * N; c += NT) {
     const int b = c / (M * N);
     const int m = (c / N) % M, n = c % N;
-    const TA* a = A + (b * M + m) * K;
-    const TB* bp = B + b * K * N + n;
+    const TA* a = A + b * M * LDA + m * LDA;
+    const TB* bp = B + b * K * LDB + n;
     float acc = 0.0f;
-    for (int k = 0; k < K; ++k) acc = fmaf(to_f32(a[k]), to_f32(bp[k * N]), acc);
+    for (int k = 0; k < K; ++k) acc = fmaf(to_f32(a[k]), to_f32(bp[k * LDB]), acc);
     epi(c, acc);
   }
 }
 
-template <int NT, int BATCH, int M, int N, int K, typename TA, typename TB, class Epi>
+// LDA / LDB: row pitch of A and B in elements (K and N when unpadded).
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename TA, typename TB, class Epi>
 __device__ __forceinline__ void matmul_tile(const TA* A, const TB* B, Epi epi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (NT % 32 == 0 && same_type<TA, TB>::value && is_16bit<TA>::value) {
-    matmul_mma<NT, BATCH, M, N, K, TA>(A, B, epi);
+    matmul_mma<NT, BATCH, M, N, K, LDA, LDB, TA>(A, B, epi);
     return;
   }
 #endif
-  matmul_simt<NT, BATCH, M, N, K, TA, TB>(A, B, epi);
+  matmul_simt<NT, BATCH, M, N, K, LDA, LDB, TA, TB>(A, B, epi);
 }
 
 }  // namespace mi

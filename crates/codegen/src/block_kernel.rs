@@ -11,7 +11,10 @@
 //! (first fit), so tiles whose lifetimes do not overlap share memory; an element-wise group
 //! may overwrite an fp32 operand whose last use it is.
 
-use mirage_ugraph::{fuse_elementwise, Accum, BlockGraph, BlockOpKind, FusedGroup, Phase, STensorId, ThreadOp};
+use mirage_ugraph::block::{MAX_PIPELINE_STAGES, PIPELINE_SMEM_BUDGET};
+use mirage_ugraph::{
+    fuse_elementwise, Accum, BlockGraph, BlockOpKind, FusedGroup, Phase, STensorId, ThreadOp, UnaryOp,
+};
 
 use crate::emit::{bcast, binary_expr, coord, flit, numel, offset, offset_wide, row_major, unary_expr, wl};
 use crate::error::{unsupported, Result};
@@ -80,6 +83,25 @@ struct Ctx<'a> {
     streamed: Vec<Option<usize>>,
     /// For each block input position, its input op.
     input_ops: Vec<usize>,
+    /// Shared-memory layout of input tiles loaded into shared memory.
+    layout: Vec<Option<Layout>>,
+    /// Pipeline stages of the loop's staged input tiles.
+    stages: usize,
+}
+
+/// How an input tile sits in shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    /// Elements per row (the tile's last dim).
+    inner: usize,
+    /// Row pitch in elements (`inner` or `inner` + 16 bytes of padding).
+    ld: usize,
+    /// Rows (product of the other dims).
+    rows: usize,
+    /// Whether 16-byte vector copies apply (checked again at run time for the pointer).
+    vector: bool,
+    /// Whether the loop prefetches it in `stages` buffers (a per-iteration tile).
+    staged: bool,
 }
 
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
@@ -234,7 +256,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                 (w, bg.ops[op].inputs.clone(), sec == Section::Loop)
             }
             Step::Accum { op } => (vec![bg.ops[op].outputs[0]], bg.ops[op].inputs.clone(), true),
-            Step::Finalize { op } => (vec![], vec![bg.ops[op].outputs[0]], false),
+            Step::Finalize { op } => (vec![bg.ops[op].outputs[0]], vec![bg.ops[op].outputs[0]], false),
             Step::Save { op, .. } => (vec![], bg.ops[op].inputs.clone(), false),
         }
     };
@@ -263,6 +285,22 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             storage[t] = Some(ins[*k].storage);
         }
     }
+    let has_running_max = bg.ops.iter().any(|op| matches!(op.kind, BlockOpKind::ReductionMax { .. }));
+    let unbounded_exp = |step: Step| match step {
+        Step::Group { g } => {
+            !has_running_max
+                && groups[g].thread_graph.ops.iter().any(|o| matches!(o, ThreadOp::Unary { op: UnaryOp::Exp, .. }))
+        }
+        _ => false,
+    };
+    let mut mm_operand = vec![false; n_t];
+    for (j, op) in bg.ops.iter().enumerate() {
+        if opneed[j] && matches!(op.kind, BlockOpKind::Matmul) {
+            for &t in &op.inputs {
+                mm_operand[t] = true;
+            }
+        }
+    }
     let mut def: Vec<Option<usize>> = vec![None; n_t];
     let mut last: Vec<Option<usize>> = vec![None; n_t];
     let mut carried = vec![false; n_t];
@@ -276,6 +314,18 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             if storage[t].is_none() {
                 storage[t] = Some(match step {
                     Step::Load { k, .. } => ins[k].storage,
+                    // A 16-bit tile computed once per iteration that feeds a matmul keeps
+                    // its dtype, so the matmul runs on tensor cores (as torch would round it),
+                    // unless it holds exponentials that are not known to be <= 1: an exp
+                    // without the running max subtracted overflows fp16 past logits of ~11.
+                    Step::Group { .. }
+                    | Step::Matmul { acc: None, .. }
+                    | Step::RmsNorm { .. }
+                    | Step::Concat { .. }
+                        if mm_operand[t] && bg.tensors[t].dtype.size_bytes() == 2 && !unbounded_exp(step) =>
+                    {
+                        Storage::of(bg.tensors[t].dtype)
+                    }
                     _ => Storage::F32,
                 });
             }
@@ -301,13 +351,44 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         }
     }
 
-    // Live intervals.
+    // Input tiles materialised in shared memory: their row pitch (padded against bank
+    // conflicts when the rows are whole 16-byte chunks) and whether the loop stages them.
+    let mut layout: Vec<Option<Layout>> = vec![None; n_t];
+    for &(sec, step) in &steps {
+        if let Step::Load { k, op } = step {
+            let t = bg.ops[op].outputs[0];
+            let tile = &bg.tensors[t].dims;
+            let dev = &ins[k];
+            let es = dev.storage.size_bytes();
+            let r = tile.len();
+            let inner = tile[r - 1];
+            let rows = numel(tile) / inner;
+            let vector = dev.strides[r - 1] == 1
+                && (inner * es).is_multiple_of(16)
+                && (0..r - 1).all(|d| dev.dims[d] == 1 || (dev.strides[d] * es).is_multiple_of(16));
+            let ld = if vector && rows > 1 && ((inner * es) / 16).is_multiple_of(2) { inner + 16 / es } else { inner };
+            layout[t] = Some(Layout { inner, ld, rows, vector, staged: sec == Section::Loop });
+        }
+    }
+
+    // Computed 16-bit matmul operands get the same row padding (written through it).
+    for t in 0..n_t {
+        let (Some(st), None) = (storage[t], layout[t]) else { continue };
+        let tile = &bg.tensors[t].dims;
+        let inner = tile[tile.len() - 1];
+        let rows = numel(tile) / inner;
+        if st != Storage::F32 && streamed[t].is_none() && mm_operand[t] && rows > 1 && (inner * 2).is_multiple_of(32) {
+            layout[t] = Some(Layout { inner, ld: inner + 8, rows, vector: false, staged: false });
+        }
+    }
+
+    // Live intervals. Staged tiles live through the whole loop (all their stages).
     let mut interval: Vec<Option<(usize, usize)>> = vec![None; n_t];
     for t in 0..n_t {
         let (Some(d), Some(l)) = (def[t], last[t]) else { continue };
         let (mut s, mut e) = (d, l);
         if let (Some(ls), Some(le)) = (loop_start, loop_end) {
-            if carried[t] {
+            if carried[t] || layout[t].is_some_and(|l| l.staged) {
                 s = s.min(ls);
                 e = e.max(le);
             } else if d < ls && l >= ls {
@@ -317,42 +398,64 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         interval[t] = Some((s, e));
     }
 
-    // Buffers, with in-place element-wise groups.
-    let mut buffers: Vec<Buffer> = Vec::new();
-    let mut buf_of: Vec<Option<usize>> = vec![None; n_t];
-    let mut order: Vec<STensorId> = (0..n_t).filter(|&t| interval[t].is_some()).collect();
-    order.sort_by_key(|&t| interval[t].map(|(s, _)| s));
-    for t in order {
-        let Some((s, e)) = interval[t] else { continue };
-        let size = numel(&bg.tensors[t].dims) * storage[t].map_or(4, Storage::size_bytes);
-        let inplace = group_out_pos.iter().find(|(pos, _)| *pos == s).and_then(|&(pos, g)| {
-            let grp = &groups[g];
-            if grp.output != t {
-                return None;
-            }
-            grp.inputs.iter().copied().find(|&x| {
-                storage[x] == Some(Storage::F32)
-                    && bg.tensors[x].dims == bg.tensors[t].dims
-                    && (!carried[x] || steps[pos].0 == Section::Post)
-                    && interval[x].map(|(_, xe)| xe) == Some(pos)
-                    && buf_of[x].is_some_and(|b| buffers[b].end == pos)
-            })
-        });
-        match inplace.and_then(|x| buf_of[x]) {
-            Some(b) => {
-                buffers[b].end = e;
-                buf_of[t] = Some(b);
-            }
-            None => {
-                buffers.push(Buffer { size, start: s, end: e, offset: 0 });
-                buf_of[t] = Some(buffers.len() - 1);
+    // Buffers for a stage count, with in-place element-wise groups; first-fit placement.
+    let plan = |stages: usize| -> (Vec<Buffer>, Vec<Option<usize>>, usize) {
+        let mut buffers: Vec<Buffer> = Vec::new();
+        let mut buf_of: Vec<Option<usize>> = vec![None; n_t];
+        let mut order: Vec<STensorId> = (0..n_t).filter(|&t| interval[t].is_some()).collect();
+        order.sort_by_key(|&t| interval[t].map(|(s, _)| s));
+        for t in order {
+            let Some((s, e)) = interval[t] else { continue };
+            let es = storage[t].map_or(4, Storage::size_bytes);
+            let size = match layout[t] {
+                Some(l) => l.rows * l.ld * es * if l.staged { stages } else { 1 },
+                None => numel(&bg.tensors[t].dims) * es,
+            };
+            let inplace = group_out_pos.iter().find(|(pos, _)| *pos == s).and_then(|&(pos, g)| {
+                let grp = &groups[g];
+                if grp.output != t {
+                    return None;
+                }
+                grp.inputs.iter().copied().find(|&x| {
+                    storage[x] == Some(Storage::F32)
+                        && storage[t] == Some(Storage::F32)
+                        && layout[x].is_none()
+                        && bg.tensors[x].dims == bg.tensors[t].dims
+                        && (!carried[x] || steps[pos].0 == Section::Post)
+                        && interval[x].map(|(_, xe)| xe) == Some(pos)
+                        && buf_of[x].is_some_and(|b| buffers[b].end == pos)
+                })
+            });
+            match inplace.and_then(|x| buf_of[x]) {
+                Some(b) => {
+                    buffers[b].end = e;
+                    buf_of[t] = Some(b);
+                }
+                None => {
+                    buffers.push(Buffer { size, start: s, end: e, offset: 0 });
+                    buf_of[t] = Some(buffers.len() - 1);
+                }
             }
         }
-    }
-    let smem_bytes = place(&mut buffers);
+        let total = place(&mut buffers);
+        (buffers, buf_of, total)
+    };
+    // Pipeline depth (the rule of `BlockGraph::pipeline_stages`, on the placed sizes): up to
+    // MAX_PIPELINE_STAGES stages of the loop's input tiles, within the budget.
+    let any_staged = layout.iter().any(|l| l.is_some_and(|l| l.staged));
+    let mut stages = if any_staged { MAX_PIPELINE_STAGES.min(bg.forloop_range).max(1) } else { 1 };
+    let (buffers, buf_of, smem_bytes) = loop {
+        let (b, o, total) = plan(stages);
+        if stages == 1 || total <= PIPELINE_SMEM_BUDGET {
+            break (b, o, total);
+        }
+        stages -= 1;
+    };
+    let step_rw: Vec<(Vec<STensorId>, Vec<STensorId>)> =
+        steps.iter().map(|&(sec, st)| (rw(sec, st).0, rw(sec, st).1)).collect();
 
-    let ctx = Ctx { bg, ins, outs, groups, nt, storage, streamed, input_ops };
-    let src = ctx.kernel(name, &steps, &buffers, &buf_of, smem_bytes)?;
+    let ctx = Ctx { bg, ins, outs, groups, nt, storage, streamed, input_ops, layout, stages };
+    let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, smem_bytes)?;
     Ok(Emitted { source: src, smem_bytes })
 }
 
@@ -398,6 +501,14 @@ impl Ctx<'_> {
         format!("t{t}")
     }
 
+    /// Conversion of the fp32 expression `v` to tile `t`'s storage type.
+    fn conv(&self, t: STensorId, v: &str) -> String {
+        match self.storage[t] {
+            Some(Storage::F32) | None => v.to_string(),
+            Some(st) => format!("mi::from_f32<{}>({v})", st.cty()),
+        }
+    }
+
     /// `to_f32` read of tile `t` at index expression `idx`.
     fn read(&self, t: STensorId, idx: &str) -> String {
         if let Some(k) = self.streamed[t] {
@@ -406,7 +517,7 @@ impl Ctx<'_> {
             };
             let tile = self.dims(t);
             let dev = &self.ins[k];
-            let base = self.tile_base(imap, forloop_dim, tile, &dev.strides, forloop_dim >= 0);
+            let base = self.tile_base(imap, forloop_dim, tile, &dev.strides, Some("it"));
             let max: usize = tile.iter().zip(&dev.strides).map(|(&d, &s)| (d - 1) * s).sum();
             let var = format!("({idx})");
             let off = if wide(max) {
@@ -421,15 +532,72 @@ impl Ctx<'_> {
             };
         }
         match self.storage[t] {
-            Some(Storage::F32) => format!("t{t}[{idx}]"),
-            _ => format!("mi::to_f32(t{t}[{idx}])"),
+            Some(Storage::F32) => self.at(t, idx),
+            _ => format!("mi::to_f32({})", self.at(t, idx)),
         }
     }
 
+    /// Shared-memory element `idx` (row-major over the tile's dims) of tile `t`, through its
+    /// row padding if it has any.
+    fn at(&self, t: STensorId, idx: &str) -> String {
+        match self.layout[t] {
+            Some(l) if l.ld != l.inner => format!("t{t}[mi::pidx<{}, {}>({idx})]", l.inner, l.ld),
+            _ => format!("t{t}[{idx}]"),
+        }
+    }
+
+    /// Code copying block input `k` (op `op`, tile `t`) for loop iteration `iter` (None outside
+    /// the loop) into shared memory at `dst`: 16-byte `cp.async` copies when the layout allows
+    /// and the pointer is aligned, element copies otherwise. The caller commits the group.
+    fn load(&self, k: usize, op: usize, t: STensorId, iter: Option<&str>, dst: &str) -> Result<String> {
+        let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[op].kind else {
+            return unsupported("internal error: load of a non-input op");
+        };
+        let Some(l) = self.layout[t] else {
+            return unsupported("internal error: load of a tile with no shared-memory layout");
+        };
+        let tile = self.dims(t);
+        let dev = &self.ins[k];
+        let base = self.tile_base(imap, forloop_dim, tile, &dev.strides, iter);
+        let n = numel(tile);
+        let mut s = String::new();
+        wl!(s, "{{ // input {k} -> t{t}");
+        wl!(s, "  const long long base = {base};");
+        let scalar = format!(
+            "for (int i = tid; i < {n}; i += NT) {dst}[mi::pidx<{}, {}>(i)] = in{k}[base + {}];",
+            l.inner,
+            l.ld,
+            Self::tile_elem_offset(tile, &dev.strides)
+        );
+        if l.vector {
+            let vec = 16 / dev.storage.size_bytes();
+            wl!(s, "  if (mi::aligned16(in{k})) {{");
+            wl!(s, "    for (int c = tid; c < {}; c += NT) {{", n / vec);
+            wl!(s, "      const int i = c * {vec};");
+            wl!(
+                s,
+                "      mi::cp_async16({dst} + mi::pidx<{}, {}>(i), in{k} + base + {});",
+                l.inner,
+                l.ld,
+                Self::tile_elem_offset(tile, &dev.strides)
+            );
+            wl!(s, "    }}");
+            wl!(s, "  }} else {{");
+            wl!(s, "    {scalar}");
+            wl!(s, "  }}");
+        } else {
+            wl!(s, "  {scalar}");
+        }
+        wl!(s, "}}");
+        Ok(s)
+    }
+
+    #[allow(clippy::too_many_lines)]
     fn kernel(
         &self,
         name: &str,
         steps: &[(Section, Step)],
+        step_rw: &[(Vec<STensorId>, Vec<STensorId>)],
         buffers: &[Buffer],
         buf_of: &[Option<usize>],
         smem: usize,
@@ -443,46 +611,148 @@ impl Ctx<'_> {
         for (j, b) in self.outs.iter().enumerate() {
             params.push(format!("{}* __restrict__ out{j}", b.storage.cty()));
         }
+        let staged: Vec<(usize, usize, STensorId)> = steps
+            .iter()
+            .filter_map(|&(_, st)| match st {
+                Step::Load { k, op } if self.layout[bg.ops[op].outputs[0]].is_some_and(|l| l.staged) => {
+                    Some((k, op, bg.ops[op].outputs[0]))
+                }
+                _ => None,
+            })
+            .collect();
+        let n_stages = self.stages;
         wl!(
             s,
-            "// block graph: grid {:?}, block {:?}, forloop_range {}, {smem} bytes of shared memory",
+            "// block graph: grid {:?}, block {:?}, forloop_range {}, {smem} bytes of shared memory, {} pipeline stage(s)",
             bg.grid_dim,
             bg.block_dim,
-            bg.forloop_range
+            bg.forloop_range,
+            n_stages
         );
         wl!(s, "extern \"C\" __global__ void __launch_bounds__({}) {name}({}) {{", self.nt, params.join(", "));
         wl!(s, "  extern __shared__ __align__(16) unsigned char mi_smem[];");
         wl!(s, "  constexpr int NT = {};", self.nt);
         wl!(s, "  const int tid = mi::lin_tid();");
         wl!(s, "  (void)tid;");
+        // Byte range of each materialised tile (staged tiles: all stages).
+        let mut range: Vec<Option<(usize, usize)>> = vec![None; bg.tensors.len()];
         for (t, b) in buf_of.iter().enumerate() {
             if let (Some(b), Some(st)) = (b, self.storage[t]) {
                 let ty = st.cty();
+                let off = buffers[*b].offset;
+                range[t] = Some((off, off + buffers[*b].size));
+                let is_staged = self.layout[t].is_some_and(|l| l.staged);
+                let var = if is_staged { format!("t{t}_st") } else { format!("t{t}") };
                 wl!(
                     s,
-                    "  {ty}* const t{t} = reinterpret_cast<{ty}*>(mi_smem + {}); // {:?} {}",
-                    buffers[*b].offset,
+                    "  {ty}* const {var} = reinterpret_cast<{ty}*>(mi_smem + {off}); // {:?} {}",
                     bg.tensors[t].dims,
                     st.name()
                 );
             }
         }
+        let stage_elems = |t: STensorId| self.layout[t].map_or(0, |l| l.rows * l.ld);
+        // Barriers only where a step reads bytes written, or writes bytes touched, since the
+        // last barrier (buffers share memory across lifetimes, so this is by byte range).
+        let mut dirty_w: Vec<(usize, usize)> = Vec::new();
+        let mut dirty_r: Vec<(usize, usize)> = Vec::new();
+        let overlaps = |a: &[(usize, usize)], b: &[(usize, usize)]| {
+            a.iter().any(|&(lo, hi)| b.iter().any(|&(l2, h2)| lo < h2 && l2 < hi))
+        };
+        let ranges_of = |ts: &[STensorId]| -> Vec<(usize, usize)> { ts.iter().filter_map(|&t| range[t]).collect() };
         let mut in_loop = false;
-        for (sec, step) in steps {
+        for (pos, (sec, step)) in steps.iter().enumerate() {
             if *sec == Section::Loop && !in_loop {
+                // Prologue: the first stages of every staged tile, then the loop.
+                if !staged.is_empty() {
+                    let w: Vec<(usize, usize)> = staged.iter().filter_map(|&(_, _, t)| range[t]).collect();
+                    if overlaps(&w, &dirty_w) || overlaps(&w, &dirty_r) {
+                        wl!(s, "  __syncthreads();");
+                    }
+                    // One cp.async group per stage (empty past the loop's end), so that
+                    // waiting for all but the newest `stages - 2` groups means "this stage".
+                    for st in 0..n_stages - 1 {
+                        if st < bg.forloop_range {
+                            for &(k, op, t) in &staged {
+                                let dst = format!("(t{t}_st + {})", st * stage_elems(t));
+                                for l in self.load(k, op, t, Some(&st.to_string()), &dst)?.lines() {
+                                    wl!(s, "  {l}");
+                                }
+                            }
+                        }
+                        wl!(s, "  mi::cp_async_commit();");
+                    }
+                }
                 wl!(s, "  for (int it = 0; it < {}; ++it) {{", bg.forloop_range);
                 in_loop = true;
+                if staged.is_empty() {
+                    wl!(s, "    __syncthreads();");
+                } else if n_stages >= 2 {
+                    wl!(s, "    mi::cp_async_wait<{}>();", n_stages - 2);
+                    wl!(s, "    __syncthreads();");
+                    for &(_, _, t) in &staged {
+                        let ty = self.storage[t].map_or("float", Storage::cty);
+                        wl!(s, "    {ty}* const t{t} = t{t}_st + (it % {n_stages}) * {};", stage_elems(t));
+                    }
+                    let ahead = n_stages - 1;
+                    wl!(s, "    if (it + {ahead} < {}) {{", bg.forloop_range);
+                    for &(k, op, t) in &staged {
+                        let dst = format!("(t{t}_st + ((it + {ahead}) % {n_stages}) * {})", stage_elems(t));
+                        for l in self.load(k, op, t, Some(&format!("(it + {ahead})")), &dst)?.lines() {
+                            wl!(s, "      {l}");
+                        }
+                    }
+                    wl!(s, "    }}");
+                    wl!(s, "    mi::cp_async_commit();");
+                } else {
+                    wl!(s, "    __syncthreads();");
+                    for &(k, op, t) in &staged {
+                        let ty = self.storage[t].map_or("float", Storage::cty);
+                        wl!(s, "    {ty}* const t{t} = t{t}_st;");
+                        for l in self.load(k, op, t, Some("it"), &format!("t{t}"))?.lines() {
+                            wl!(s, "    {l}");
+                        }
+                    }
+                    wl!(s, "    mi::cp_async_commit();");
+                    wl!(s, "    mi::cp_async_wait<0>();");
+                    wl!(s, "    __syncthreads();");
+                }
+                dirty_w.clear();
+                dirty_r.clear();
             }
             if *sec == Section::Post && in_loop {
                 wl!(s, "  }}");
+                if !staged.is_empty() {
+                    wl!(s, "  mi::cp_async_wait<0>();");
+                }
                 in_loop = false;
             }
+            if let Step::Load { op, .. } = step {
+                if self.layout[bg.ops[*op].outputs[0]].is_some_and(|l| l.staged) {
+                    continue; // issued by the pipeline above
+                }
+            }
             let ind = if in_loop { "    " } else { "  " };
-            let body = self.step(*step, *sec)?;
+            let (w, r) = (ranges_of(&step_rw[pos].0), ranges_of(&step_rw[pos].1));
+            if overlaps(&r, &dirty_w) || overlaps(&w, &dirty_w) || overlaps(&w, &dirty_r) {
+                wl!(s, "{ind}__syncthreads();");
+                dirty_w.clear();
+                dirty_r.clear();
+            }
+            let body = match *step {
+                Step::Load { k, op } => {
+                    let t = bg.ops[op].outputs[0];
+                    let mut b = self.load(k, op, t, None, &format!("t{t}"))?;
+                    b.push_str("mi::cp_async_commit();\nmi::cp_async_wait<0>();\n");
+                    b
+                }
+                _ => self.step(*step, *sec)?,
+            };
             for l in body.lines() {
                 wl!(s, "{ind}{l}");
             }
-            wl!(s, "{ind}__syncthreads();");
+            dirty_w.extend(w);
+            dirty_r.extend(r);
         }
         if in_loop {
             wl!(s, "  }}");
@@ -492,7 +762,7 @@ impl Ctx<'_> {
     }
 
     /// Byte-offset-free base expression (in elements) of a block's tile in a device tensor.
-    fn tile_base(&self, map: [i64; 3], fdim: i64, tile: &[usize], strides: &[usize], with_iter: bool) -> String {
+    fn tile_base(&self, map: [i64; 3], fdim: i64, tile: &[usize], strides: &[usize], iter: Option<&str>) -> String {
         let bg = self.bg;
         let mut terms = Vec::new();
         let axes = ["blockIdx.x", "blockIdx.y", "blockIdx.z"];
@@ -503,9 +773,9 @@ impl Ctx<'_> {
                 terms.push(format!("(long long){} * {}LL", axes[a], part * strides[d]));
             }
         }
-        if fdim >= 0 && with_iter {
+        if let (true, Some(it)) = (fdim >= 0, iter) {
             let f = fdim as usize;
-            terms.push(format!("(long long)it * {}LL", tile[f] * strides[f]));
+            terms.push(format!("(long long)({it}) * {}LL", tile[f] * strides[f]));
         }
         if terms.is_empty() {
             "0LL".into()
@@ -529,24 +799,7 @@ impl Ctx<'_> {
         let nt = "NT";
         let mut s = String::new();
         match step {
-            Step::Load { k, op } => {
-                let BlockOpKind::Input { imap, forloop_dim, .. } = bg.ops[op].kind else {
-                    return unsupported("internal error: load of a non-input op");
-                };
-                let t = bg.ops[op].outputs[0];
-                let tile = self.dims(t);
-                let dev = &self.ins[k];
-                let base = self.tile_base(imap, forloop_dim, tile, &dev.strides, sec == Section::Loop);
-                wl!(s, "{{ // input {k} -> t{t}");
-                wl!(s, "  const long long base = {base};");
-                wl!(
-                    s,
-                    "  for (int i = tid; i < {}; i += {nt}) t{t}[i] = in{k}[base + {}];",
-                    numel(tile),
-                    Self::tile_elem_offset(tile, &dev.strides)
-                );
-                wl!(s, "}}");
-            }
+            Step::Load { .. } => return unsupported("internal error: loads are emitted by the kernel schedule"),
             Step::Save { j, op } => {
                 let BlockOpKind::Output { omap, forloop_dim } = bg.ops[op].kind else {
                     return unsupported("internal error: save of a non-output op");
@@ -554,7 +807,8 @@ impl Ctx<'_> {
                 let t = bg.ops[op].inputs[0];
                 let tile = self.dims(t);
                 let dev = &self.outs[j];
-                let base = self.tile_base(omap, forloop_dim, tile, &dev.strides, sec == Section::Loop);
+                let base =
+                    self.tile_base(omap, forloop_dim, tile, &dev.strides, (sec == Section::Loop).then_some("it"));
                 wl!(s, "{{ // t{t} -> output {j}");
                 wl!(s, "  const long long base = {base};");
                 wl!(
@@ -584,7 +838,7 @@ impl Ctx<'_> {
                     wl!(s, "  const float r{} = {e};", n_in + k);
                 }
                 let last = n_in + grp.thread_graph.ops.len() - 1;
-                wl!(s, "  t{out}[i] = r{last};");
+                wl!(s, "  {} = {};", self.at(out, "i"), self.conv(out, &format!("r{last}")));
                 wl!(s, "}}");
             }
             Step::Matmul { op, acc } => {
@@ -594,7 +848,10 @@ impl Ctx<'_> {
                 let (m, kk, n) = (da[r - 2], da[r - 1], db[r - 1]);
                 let batch = numel(&da[..r - 2]);
                 let epi = match acc {
-                    None => format!("t{}[c] = v;", bg.ops[op].outputs[0]),
+                    None => {
+                        let o = bg.ops[op].outputs[0];
+                        format!("{} = {};", self.at(o, "c"), self.conv(o, "v"))
+                    }
                     Some(ac) => {
                         let aop = &bg.ops[ac];
                         let o = aop.outputs[0];
@@ -610,9 +867,11 @@ impl Ctx<'_> {
                         }
                     }
                 };
+                let lda = self.layout[a].map_or(kk, |l| l.ld);
+                let ldb = self.layout[b].map_or(n, |l| l.ld);
                 wl!(
                     s,
-                    "mi::matmul_tile<{nt}, {batch}, {m}, {n}, {kk}>({}, {}, [&](int c, float v) {{ {epi} }});",
+                    "mi::matmul_tile<{nt}, {batch}, {m}, {n}, {kk}, {lda}, {ldb}>({}, {}, [&](int c, float v) {{ {epi} }});",
                     self.tile(a),
                     self.tile(b)
                 );
@@ -625,11 +884,13 @@ impl Ctx<'_> {
                 let d = self.dims(x);
                 wl!(
                     s,
-                    "mi::reduce<{nt}, {}, {}, {}, false>([&](int i) {{ return {}; }}, [&](int o, float v) {{ t{o}[o] = v; }});",
+                    "mi::reduce<{nt}, {}, {}, {}, false>([&](int i) {{ return {}; }}, [&](int o, float v) {{ {} = {}; }});",
                     numel(&d[..dim]),
                     d[dim],
                     numel(&d[dim + 1..]),
-                    self.read(x, "i")
+                    self.read(x, "i"),
+                    self.at(o, "o"),
+                    self.conv(o, "v")
                 );
             }
             Step::RedMax { op } => {
@@ -661,9 +922,11 @@ impl Ctx<'_> {
                 let len = d[d.len() - 1];
                 wl!(
                     s,
-                    "mi::rms_norm_rows<{nt}, {}, {len}>([&](int i) {{ return {}; }}, [&](int i, float v) {{ t{o}[i] = v; }});",
+                    "mi::rms_norm_rows<{nt}, {}, {len}>([&](int i) {{ return {}; }}, [&](int i, float v) {{ {} = {}; }});",
                     numel(d) / len,
-                    self.read(x, "i")
+                    self.read(x, "i"),
+                    self.at(o, "i"),
+                    self.conv(o, "v")
                 );
             }
             Step::Concat { op } => {
@@ -688,10 +951,17 @@ impl Ctx<'_> {
                 wl!(s, "for (int i = tid; i < {}; i += {nt}) {{ // concat -> t{o}", numel(od));
                 wl!(
                     s,
-                    "  t{o}[i] = ({}) < {la} ? {} : {};",
-                    cs[dim],
-                    self.read(a, &ia.join(" + ")),
-                    self.read(b, &ib.join(" + "))
+                    "  {} = {};",
+                    self.at(o, "i"),
+                    self.conv(
+                        o,
+                        &format!(
+                            "({}) < {la} ? {} : {}",
+                            cs[dim],
+                            self.read(a, &ia.join(" + ")),
+                            self.read(b, &ib.join(" + "))
+                        )
+                    )
                 );
                 wl!(s, "}}");
             }

@@ -1,7 +1,10 @@
 //! The static cost model that ranks candidates when no GPU profiles them.
 //!
 //! Per kernel launch: `time = max(DRAM bytes / DRAM bandwidth, L2 bytes / L2 bandwidth,
-//! flops / peak) / wave utilisation + launch overhead + loop steps * step latency`.
+//! flops / peak) / wave utilisation + launch overhead + loop steps * step latency + exposed
+//! memory latency`. The exposed latency is one DRAM round trip per wave when the generated
+//! kernel multi-buffers its per-iteration tiles (`BlockGraph::pipeline_stages` > 1), one per
+//! loop iteration when it cannot.
 //! A customized kernel reads each device input once from DRAM (replicated tiles are served by
 //! L2) and writes its outputs once; every tile load of every block and iteration is L2 traffic.
 //! Wave utilisation is `blocks / (waves * SMs)`: a grid smaller than the GPU leaves SMs idle.
@@ -23,6 +26,8 @@ pub struct CostModel {
     pub launch_us: f64,
     /// Latency of one for-loop step (load, sync), microseconds.
     pub loop_step_us: f64,
+    /// Latency of a DRAM round trip, microseconds.
+    pub dram_latency_us: f64,
     /// Streaming multiprocessors.
     pub num_sms: usize,
 }
@@ -31,10 +36,11 @@ impl Default for CostModel {
     fn default() -> Self {
         CostModel {
             dram_bytes_per_us: 2.97e6,
-            l2_bytes_per_us: 8.0e6,
+            l2_bytes_per_us: 5.5e6,
             flops_per_us: 7.7e8,
             launch_us: 1.25,
             loop_step_us: 0.02,
+            dram_latency_us: 0.8,
             num_sms: 132,
         }
     }
@@ -84,6 +90,21 @@ pub fn block_graph_cost(bg: &BlockGraph, m: &CostModel) -> Cost {
     let f = bg.forloop_range as u64;
     let mut c = Cost { launches: 1, shared_memory: bg.shared_memory_upper_bound(), ..Cost::default() };
     let mut flops_per_block = 0u64;
+    let (mut staged, mut other) = (0usize, 0usize);
+    for t in &bg.tensors {
+        other += numel(&t.dims) as usize * t.dtype.size_bytes();
+    }
+    for op in &bg.ops {
+        if let BlockOpKind::Input { forloop_dim, .. } = op.kind {
+            if forloop_dim >= 0 {
+                let t = &bg.tensors[op.outputs[0]];
+                let b = numel(&t.dims) as usize * t.dtype.size_bytes();
+                staged += b;
+                other -= b;
+            }
+        }
+    }
+    let stages = bg.pipeline_stages(staged, other);
     for op in &bg.ops {
         let times = match op.outputs.first().map(|&t| bg.tensors[t].phase) {
             Some(Phase::Loop) => f,
@@ -114,7 +135,8 @@ pub fn block_graph_cost(bg: &BlockGraph, m: &CostModel) -> Cost {
     let busy = (c.dram_bytes as f64 / m.dram_bytes_per_us)
         .max(c.l2_bytes as f64 / m.l2_bytes_per_us)
         .max(c.flops as f64 / m.flops_per_us);
-    c.est_us = busy / util + m.launch_us + f as f64 * m.loop_step_us;
+    let exposed = if stages > 1 || f == 1 { waves as f64 } else { (waves * f) as f64 };
+    c.est_us = busy / util + m.launch_us + f as f64 * m.loop_step_us + exposed * m.dram_latency_us;
     c
 }
 

@@ -21,6 +21,12 @@ use crate::ops::{broadcast_dims, concat_dims, matmul_dims, reduce_dims, Accum, B
 use crate::types::{check_dims, numel, resolve_dim, same_dtype, DType};
 
 /// Index of a tensor in its block graph.
+/// Most buffers (pipeline stages) a per-iteration input tile gets in shared memory.
+pub const MAX_PIPELINE_STAGES: usize = 4;
+/// Shared memory per block up to which input tiles are multi-buffered (two blocks fit an
+/// H100 SM, one an A100 SM); fewer stages are used above it.
+pub const PIPELINE_SMEM_BUDGET: usize = 100 * 1024;
+
 pub type STensorId = usize;
 
 /// When a block-graph tensor is computed relative to the for-loop.
@@ -197,6 +203,22 @@ impl BlockGraph {
     /// Number of thread blocks in the grid.
     pub fn num_blocks(&self) -> usize {
         self.grid_dim.iter().product()
+    }
+
+    /// Pipeline stages the code generator gives the per-iteration input tiles: up to
+    /// [`MAX_PIPELINE_STAGES`] (never more than the loop's range) while the block's shared
+    /// memory stays within [`PIPELINE_SMEM_BUDGET`]. `staged` and `other` are the bytes of one
+    /// stage of those tiles and of everything else. The one rule both the generator and the
+    /// cost model follow.
+    pub fn pipeline_stages(&self, staged: usize, other: usize) -> usize {
+        if staged == 0 {
+            return 1;
+        }
+        let mut s = MAX_PIPELINE_STAGES.min(self.forloop_range).max(1);
+        while s > 1 && other + s * staged > PIPELINE_SMEM_BUDGET {
+            s -= 1;
+        }
+        s
     }
 
     /// The tensor with this id.

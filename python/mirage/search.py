@@ -288,15 +288,19 @@ def _cuda_device(backend: str) -> tuple[int | None, str]:
 
 
 def _device_smem_limit(backend: str) -> int | None:
-    """The opt-in shared memory per block of the CUDA device candidates will run on, if any
-    (the search's default limit applies otherwise)."""
+    """The search's tile budget for the CUDA device candidates will run on, if any (the
+    search's default limit applies otherwise): half the device's opt-in shared memory per
+    block, because the search counts tiles in their dtype while the generated kernels keep
+    computed tiles in fp32 and pad input rows (a candidate over the real limit would fail to
+    compile and be skipped)."""
     device, _ = _cuda_device(backend)
     if device is None:
         return None
     import torch
 
     props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "shared_memory_per_block_optin", 0)) or None
+    optin = int(getattr(props, "shared_memory_per_block_optin", 0))
+    return optin // 2 or None
 
 
 def _random_inputs(graph: KNGraph, device: int) -> list[Any]:

@@ -272,8 +272,12 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
 // LDB apart (padding against bank conflicts). Whole 16-row / 16-deep / 8-column fragments
 // are read with ldmatrix; ragged edges with predicated element loads (zero padding), so any
 // M, N, K work.
+//
+// When there are fewer output fragments than warps, KSL warps share each fragment, each
+// taking a slice of K; slices 1.. hand their partial sums to slice 0 through `scratch`
+// (NT * 16 bytes of shared memory) around a barrier.
 template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, class Epi>
-__device__ __forceinline__ void matmul_mma(const T* A, const T* B, Epi epi) {
+__device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratch, Epi epi) {
   constexpr int NW = NT / 32;
   constexpr int MT = (M + 15) / 16, NT8 = (N + 7) / 8;
   // Column fragments per warp task: reuse each A fragment across up to 4 n-fragments, but
@@ -285,20 +289,28 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, Epi epi) {
   constexpr bool A_LDSM = (M % 16 == 0) && (K % 16 == 0) && ((LDA * 2) % 16 == 0);
   constexpr bool A_WORD = (K % 16 == 0) && (LDA % 2 == 0);
   constexpr bool B_LDSM = (N % 8 == 0) && (K % 16 == 0) && ((LDB * 2) % 16 == 0);
+  constexpr int TASKS = BATCH * MT * NG;
+  constexpr int KSTEPS = (K + 15) / 16;
+  constexpr int KSL0 = TASKS < NW ? NW / TASKS : 1;
+  constexpr int KSL = KSL0 < KSTEPS ? KSL0 : KSTEPS;
+  // KC independent accumulator chains over alternating k-steps: a lone fragment's mma
+  // sequence is latency-bound otherwise.
+  constexpr int KC = (NF == 1 && K / KSL >= 64) ? 2 : 1;
   const int t = lin_tid();
-  const int warp = t >> 5, lane = t & 31;
+  const int lane = t & 31;
   const int g = lane >> 2, q = lane & 3;
-  for (int f = warp; f < BATCH * MT * NG; f += NW) {
+
+  // Accumulates k-steps [s_lo, s_hi) of task f into d[0..NF).
+  auto compute = [&](int f, int s_lo, int s_hi, float (*d)[4]) {
     const int b = f / (MT * NG);
     const int mt = (f / NG) % MT, ng = f % NG;
     const T* Ab = A + b * M * LDA;
     const T* Bb = B + b * K * LDB;
     const int r0 = mt * 16 + g, r1 = r0 + 8;
-    float d[NF][4];
+    float dc[KC * NF][4];
 #pragma unroll
-    for (int j = 0; j < NF; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
-#pragma unroll 2
-    for (int k0 = 0; k0 < K; k0 += 16) {
+    for (int j = 0; j < KC * NF; ++j) dc[j][0] = dc[j][1] = dc[j][2] = dc[j][3] = 0.0f;
+    auto kstep = [&](int k0, float (*dd)[4]) {
       const int ka = k0 + q * 2, kb = ka + 8;
       unsigned a[4], bq[4];
       (void)bq;
@@ -336,9 +348,33 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, Epi epi) {
           bb[0] = pack2(Bb, col < N && ka < K, col < N && ka + 1 < K, ka * LDB + col, (ka + 1) * LDB + col);
           bb[1] = pack2(Bb, col < N && kb < K, col < N && kb + 1 < K, kb * LDB + col, (kb + 1) * LDB + col);
         }
-        mma_16816<T>(d[j], a, bb);
+        mma_16816<T>(dd[j], a, bb);
+      }
+    };
+#pragma unroll 2
+    for (int s = s_lo; s + KC <= s_hi; s += KC) {
+#pragma unroll
+      for (int c = 0; c < KC; ++c) kstep((s + c) * 16, dc + c * NF);
+    }
+    if constexpr (KC > 1) {
+      if ((s_hi - s_lo) % KC != 0) kstep((s_hi - 1) * 16, dc);
+    }
+#pragma unroll
+    for (int j = 0; j < NF; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = dc[j][e];
+#pragma unroll
+        for (int c = 1; c < KC; ++c) v += dc[c * NF + j][e];
+        d[j][e] = v;
       }
     }
+  };
+  // Hands task f's finished fragments to the epilogue.
+  auto finish = [&](int f, float (*d)[4]) {
+    const int b = f / (MT * NG);
+    const int mt = (f / NG) % MT, ng = f % NG;
+    const int r0 = mt * 16 + g, r1 = r0 + 8;
 #pragma unroll
     for (int j = 0; j < NF; ++j) {
       const int c0 = (ng * NF + j) * 8 + q * 2;
@@ -347,6 +383,39 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, Epi epi) {
       if (r1 < M && c0 < N) epi((b * M + r1) * N + c0, d[j][2]);
       if (r1 < M && c0 + 1 < N) epi((b * M + r1) * N + c0 + 1, d[j][3]);
     }
+  };
+
+  if constexpr (KSL == 1) {
+    for (int f = t >> 5; f < TASKS; f += NW) {
+      float d[NF][4];
+      compute(f, 0, KSTEPS, d);
+      finish(f, d);
+    }
+  } else {
+    // One task per warp; slices 1.. pass their partials to slice 0 through scratch. Every
+    // thread meets both barriers.
+    static_assert(NF == 1, "split-K runs with one n-fragment per warp");
+    const int f = (t >> 5) % TASKS, slice = (t >> 5) / TASKS;
+    float d[NF][4];
+    if (slice < KSL) {
+      compute(f, slice * KSTEPS / KSL, (slice + 1) * KSTEPS / KSL, d);
+      if (slice > 0) {
+        float* mine = scratch + (((slice - 1) * TASKS + f) * 32 + lane) * 4;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[e] = d[0][e];
+      }
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+      for (int o = 1; o < KSL; ++o) {
+        const float* other = scratch + (((o - 1) * TASKS + f) * 32 + lane) * 4;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[0][e] += other[e];
+      }
+      finish(f, d);
+    }
+    __syncthreads();
   }
 }
 
@@ -365,11 +434,12 @@ __device__ __forceinline__ void matmul_simt(const TA* A, const TB* B, Epi epi) {
 }
 
 // LDA / LDB: row pitch of A and B in elements (K and N when unpadded).
+// `scratch`: NT * 16 bytes of shared memory for split-K partial sums.
 template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename TA, typename TB, class Epi>
-__device__ __forceinline__ void matmul_tile(const TA* A, const TB* B, Epi epi) {
+__device__ __forceinline__ void matmul_tile(const TA* A, const TB* B, float* scratch, Epi epi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (NT % 32 == 0 && same_type<TA, TB>::value && is_16bit<TA>::value) {
-    matmul_mma<NT, BATCH, M, N, K, LDA, LDB, TA>(A, B, epi);
+    matmul_mma<NT, BATCH, M, N, K, LDA, LDB, TA>(A, B, scratch, epi);
     return;
   }
 #endif

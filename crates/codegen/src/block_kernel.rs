@@ -261,11 +261,12 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         }
     };
 
-    // Input tiles read by exactly one step that is not a matmul are streamed: that step reads
-    // device memory directly and the tile takes no shared memory.
+    // Loop-invariant input tiles read by exactly one step that is not a matmul are streamed:
+    // that step reads device memory directly and the tile takes no shared memory. (Tiles of
+    // the loop go through the cp.async pipeline instead, which hides their latency.)
     let mut streamed: Vec<Option<usize>> = vec![None; n_t]; // block input position
-    for &(_, step) in &steps {
-        if let Step::Load { k, op } = step {
+    for &(sec, step) in &steps {
+        if let (Section::Pre, Step::Load { k, op }) = (sec, step) {
             let t = bg.ops[op].outputs[0];
             let readers: Vec<Step> =
                 steps.iter().filter(|&&(sec, st)| rw(sec, st).1.contains(&t)).map(|&(_, st)| st).collect();
@@ -455,8 +456,12 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         steps.iter().map(|&(sec, st)| (rw(sec, st).0, rw(sec, st).1)).collect();
 
     let ctx = Ctx { bg, ins, outs, groups, nt, storage, streamed, input_ops, layout, stages };
-    let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, smem_bytes)?;
-    Ok(Emitted { source: src, smem_bytes })
+    // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.
+    let has_matmul = steps.iter().any(|(_, st)| matches!(st, Step::Matmul { .. }));
+    let scratch = if has_matmul { Some(smem_bytes) } else { None };
+    let total = smem_bytes + if has_matmul { nt * 16 } else { 0 };
+    let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, scratch, total)?;
+    Ok(Emitted { source: src, smem_bytes: total })
 }
 
 /// First-fit placement of buffers by lifetime; returns the total bytes.
@@ -592,7 +597,7 @@ impl Ctx<'_> {
         Ok(s)
     }
 
-    #[allow(clippy::too_many_lines)]
+    #[allow(clippy::too_many_lines, clippy::too_many_arguments)]
     fn kernel(
         &self,
         name: &str,
@@ -600,6 +605,7 @@ impl Ctx<'_> {
         step_rw: &[(Vec<STensorId>, Vec<STensorId>)],
         buffers: &[Buffer],
         buf_of: &[Option<usize>],
+        scratch: Option<usize>,
         smem: usize,
     ) -> Result<String> {
         let bg = self.bg;
@@ -634,6 +640,9 @@ impl Ctx<'_> {
         wl!(s, "  constexpr int NT = {};", self.nt);
         wl!(s, "  const int tid = mi::lin_tid();");
         wl!(s, "  (void)tid;");
+        if let Some(off) = scratch {
+            wl!(s, "  float* const mi_scratch = reinterpret_cast<float*>(mi_smem + {off}); // matmul split-K");
+        }
         // Byte range of each materialised tile (staged tiles: all stages).
         let mut range: Vec<Option<(usize, usize)>> = vec![None; bg.tensors.len()];
         for (t, b) in buf_of.iter().enumerate() {
@@ -871,7 +880,7 @@ impl Ctx<'_> {
                 let ldb = self.layout[b].map_or(n, |l| l.ld);
                 wl!(
                     s,
-                    "mi::matmul_tile<{nt}, {batch}, {m}, {n}, {kk}, {lda}, {ldb}>({}, {}, [&](int c, float v) {{ {epi} }});",
+                    "mi::matmul_tile<{nt}, {batch}, {m}, {n}, {kk}, {lda}, {ldb}>({}, {}, mi_scratch, [&](int c, float v) {{ {epi} }});",
                     self.tile(a),
                     self.tile(b)
                 );

@@ -63,7 +63,7 @@ pub struct SearchConfig {
     pub max_intermediate_outputs: usize,
     /// Grid dims to try instead of the generated ones (reference `griddims`).
     pub griddims: Option<Vec<[usize; 3]>>,
-    /// Block dims to try (reference `blockdims`); default `[128, 1, 1]`.
+    /// Block dims to try (reference `blockdims`); default `[128, 1, 1]` and `[256, 1, 1]`.
     pub blockdims: Option<Vec<[usize; 3]>>,
     /// Allowed input maps (reference `imaps`): a configuration is kept only if every block
     /// input's imap is in the list.
@@ -123,7 +123,7 @@ impl Default for SearchConfig {
             omaps: None,
             fmaps: None,
             franges: None,
-            grid_sizes: vec![4, 8, 16, 32, 64, 128],
+            grid_sizes: vec![4, 8, 16, 32, 64, 128, 256],
             max_full_split: 64,
             max_grid_axes: 3,
             max_blocks: 4096,
@@ -154,7 +154,7 @@ impl SearchConfig {
 
     /// The block dims searched.
     pub fn blockdims(&self) -> Vec<[usize; 3]> {
-        self.blockdims.clone().unwrap_or_else(|| vec![[128, 1, 1]])
+        self.blockdims.clone().unwrap_or_else(|| vec![[128, 1, 1], [256, 1, 1]])
     }
 
     /// Every size a sum may be split by: franges, grid sizes and given grid dims.

@@ -1,8 +1,8 @@
 //! The static cost model that ranks candidates when no GPU profiles them.
 //!
-//! Per kernel launch: `time = max(DRAM bytes / DRAM bandwidth, L2 bytes / L2 bandwidth,
-//! flops / peak) / wave utilisation + launch overhead + loop steps * step latency + exposed
-//! memory latency`. The exposed latency is one DRAM round trip per wave when the generated
+//! Per kernel launch: `time = max(max(DRAM bytes / DRAM bandwidth, L2 bytes / L2 bandwidth,
+//! flops / peak) / wave utilisation, waves * loop steps * step latency) + launch overhead +
+//! exposed memory latency`. The exposed latency is one DRAM round trip per wave when the generated
 //! kernel multi-buffers its per-iteration tiles (`BlockGraph::pipeline_stages` > 1), one per
 //! loop iteration when it cannot.
 //! A customized kernel reads each device input once from DRAM (replicated tiles are served by
@@ -36,10 +36,10 @@ impl Default for CostModel {
     fn default() -> Self {
         CostModel {
             dram_bytes_per_us: 2.97e6,
-            l2_bytes_per_us: 5.5e6,
+            l2_bytes_per_us: 8.0e6,
             flops_per_us: 7.7e8,
             launch_us: 1.25,
-            loop_step_us: 0.02,
+            loop_step_us: 0.1,
             dram_latency_us: 0.8,
             num_sms: 132,
         }
@@ -135,8 +135,11 @@ pub fn block_graph_cost(bg: &BlockGraph, m: &CostModel) -> Cost {
     let busy = (c.dram_bytes as f64 / m.dram_bytes_per_us)
         .max(c.l2_bytes as f64 / m.l2_bytes_per_us)
         .max(c.flops as f64 / m.flops_per_us);
-    let exposed = if stages > 1 || f == 1 { waves as f64 } else { (waves * f) as f64 };
-    c.est_us = busy / util + m.launch_us + f as f64 * m.loop_step_us + exposed * m.dram_latency_us;
+    let exposed = if stages > 1 || f == 1 { 1.0 } else { f as f64 };
+    // Each block runs its loop steps one after another: that chain overlaps the traffic, so
+    // it only counts where it is longer.
+    let serial = (waves * f) as f64 * m.loop_step_us;
+    c.est_us = (busy / util).max(serial) + m.launch_us + exposed * m.dram_latency_us;
     c
 }
 

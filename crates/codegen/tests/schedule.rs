@@ -1,0 +1,80 @@
+//! What the generated block kernels look like, without a GPU: per-iteration input tiles go
+//! through a multi-stage `cp.async` pipeline with 16-byte copies, rows of tiles that feed
+//! tensor-core matmuls are padded, and barriers sit only where a shared-memory hazard needs one.
+
+use mirage_codegen::{generate, Options};
+use mirage_ugraph::zoo::{self, Attn};
+use mirage_ugraph::{DType, KernelGraph};
+
+/// The source of the first customized kernel of `g`.
+fn kernel_source(g: &KernelGraph) -> String {
+    let p = generate(g, &Options::for_arch(90)).expect("generates");
+    let k = p.kernels.iter().find(|k| k.name.contains("customized")).expect("a customized kernel");
+    let start = p.source.find("// block graph:").expect("kernels");
+    let at = p.source[start..].find(&k.name).map(|i| start + i).expect("kernel in the source");
+    // From the kernel's header comment on.
+    let at = p.source[..at].rfind("// block graph:").unwrap_or(at);
+    let end = p.source[at..].find("\n}\n").map_or(p.source.len(), |i| at + i);
+    p.source[at..end].to_string()
+}
+
+/// The body of the kernel's for-loop.
+fn loop_body(src: &str) -> &str {
+    let start = src.find("for (int it = 0;").expect("a for-loop");
+    let end = src[start..].find("\n  }\n").map_or(src.len(), |i| start + i);
+    &src[start..end]
+}
+
+#[test]
+fn loop_tiles_are_pipelined_with_vector_copies() {
+    // RMSNorm + Linear, 16 iterations: X and W tiles are prefetched stages ahead.
+    let pair = zoo::rmsnorm_linear(2, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    assert!(src.contains("4 pipeline stage(s)"), "{src}");
+    assert!(src.contains("mi::cp_async16("), "16-byte async copies: {src}");
+    assert!(src.contains("mi::cp_async_wait<2>();"), "waits for the current stage only: {src}");
+    assert!(src.contains("if (mi::aligned16(in1))"), "pointer alignment is checked: {src}");
+    let body = loop_body(&src);
+    // The wait's barrier at the top of the iteration is the only one the loop needs: the
+    // rms accumulator and the matmul read the staged tiles and write separate accumulators.
+    assert_eq!(body.matches("__syncthreads()").count(), 1, "{body}");
+}
+
+#[test]
+fn tensor_core_operands_are_padded_against_bank_conflicts() {
+    let pair = zoo::rmsnorm_linear(16, 4096, 4096, 64, 16, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    // W tile [256, 64] fp16: rows of 128 bytes get 16 bytes of padding (pitch 72 elements).
+    assert!(src.contains("mi::pidx<64, 72>"), "{src}");
+    assert!(src.contains(", 264, 72>(t0, t1"), "the matmul reads A and B with pitches 264 and 72: {src}");
+}
+
+#[test]
+fn dependent_steps_keep_their_barrier() {
+    // Online attention: the scores matmul, the running max, exp and the rescaled
+    // accumulations each read what the previous step wrote in shared memory.
+    let a = Attn { b: 2, h: 64, d: 64, s: 1024, splits: 4, frange: 4, qsplit: 1 };
+    let pair = zoo::attention_online(a, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    let body = loop_body(&src);
+    let barriers = body.matches("__syncthreads()").count();
+    assert!(barriers >= 3, "a barrier between each producer and consumer: {body}");
+    let steps = body.matches("mi::matmul_tile").count() + body.matches("mi::reduce").count();
+    assert!(barriers <= steps + 1, "no barrier after every step: {barriers} barriers, {steps} steps\n{body}");
+}
+
+#[test]
+fn exp_tiles_stay_fp32_unless_the_running_max_bounds_them() {
+    // Plain attention (exp without the max subtracted) keeps P in fp32: fp16 would overflow
+    // for logits above ~11. The online form stores P in fp16 for the tensor cores.
+    let a = Attn { b: 2, h: 64, d: 64, s: 1024, splits: 4, frange: 4, qsplit: 1 };
+    let plain = kernel_source(&zoo::attention(a, false, DType::Float16).expect("zoo").ugraph);
+    let online = kernel_source(&zoo::attention_online(a, DType::Float16).expect("zoo").ugraph);
+    let exp_store = |src: &str| {
+        let i = src.find("mi::op_exp").expect("an exp");
+        let line_end = src[i..].find("\n}").map_or(src.len(), |e| i + e);
+        src[i..line_end].to_string()
+    };
+    assert!(!exp_store(&plain).contains("from_f32<mi::f16>"), "{}", exp_store(&plain));
+    assert!(exp_store(&online).contains("from_f32<mi::f16>"), "{}", exp_store(&online));
+}

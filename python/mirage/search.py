@@ -70,6 +70,8 @@ CONFIG_KEYS: dict[str, type] = {
 }
 
 _BACKENDS = ("cuda", "cpu")
+#: Candidates verified and timed when a GPU profiles them (the cost model's best).
+_GPU_TOP_N = 16
 _CACHE_FORMAT = "mirage-rs/search-result"
 _CACHE_VERSION = 1
 #: Candidates compiled and timed on a GPU.
@@ -289,8 +291,8 @@ def _cuda_device(backend: str) -> tuple[int | None, str]:
 
 def _device_smem_limit(backend: str) -> int | None:
     """The search's tile budget for the CUDA device candidates will run on, if any (the
-    search's default limit applies otherwise): half the device's opt-in shared memory per
-    block, because the search counts tiles in their dtype while the generated kernels keep
+    search's default limit applies otherwise): three quarters of the device's opt-in shared
+    memory per block, because the search counts tiles in their dtype while the generated kernels keep
     computed tiles in fp32 and pad input rows (a candidate over the real limit would fail to
     compile and be skipped)."""
     device, _ = _cuda_device(backend)
@@ -300,7 +302,7 @@ def _device_smem_limit(backend: str) -> int | None:
 
     props = torch.cuda.get_device_properties(device)
     optin = int(getattr(props, "shared_memory_per_block_optin", 0))
-    return optin // 2 or None
+    return optin * 3 // 4 or None
 
 
 def _random_inputs(graph: KNGraph, device: int) -> list[Any]:
@@ -482,6 +484,9 @@ def superoptimize(
         limit = _device_smem_limit(backend)
         if limit is not None:
             settings["shared_memory_limit"] = limit
+            # On a GPU the timings choose: verify (and so profile) more of the cost model's
+            # best, since its ranking of tile shapes is rough.
+            settings.setdefault("verify_top_n", _GPU_TOP_N)
 
     core = graph._core
     if core.num_ops == 0:

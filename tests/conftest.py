@@ -4,6 +4,7 @@ Helpers are imported by the test modules with ``from conftest import ...`` (pyte
 folder on ``sys.path``: the folder has no ``__init__.py``).
 """
 
+import os
 import zlib
 
 import mirage as mi
@@ -24,6 +25,19 @@ def _recording_run(self, inputs=None):
 
 
 mi.KNGraph.run = _recording_run
+
+
+def nvrtc_or_skip() -> None:
+    """Skips the calling test when NVRTC cannot be loaded (never in CI, which has it via the
+    venv: there it fails)."""
+    from mirage import _cuda
+
+    try:
+        _cuda.nvrtc_info()
+    except RuntimeError as e:  # pragma: no cover - CI has NVRTC via the venv
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"NVRTC not available: {e}")
 
 
 def pytest_collection_modifyitems(config, items):

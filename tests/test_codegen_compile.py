@@ -5,30 +5,20 @@ and sm_90 (CUBIN). A compile error fails the test with NVRTC's log.
 
 from __future__ import annotations
 
-import os
-
 import mirage as mi
 import numpy as np
 import pytest
+from conftest import nvrtc_or_skip
 from mirage import _core, _cuda
 from test_serialization import GRAPHS as SUITE_GRAPHS
 
 ARCHS = (80, 90)
 
 
-def _nvrtc_or_skip() -> None:
-    try:
-        _cuda.nvrtc_info()
-    except RuntimeError as e:  # pragma: no cover - CI has NVRTC via the venv
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"NVRTC not available: {e}")
-
-
 @pytest.fixture(autouse=True)
 def _no_disk_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
 
 
 def _compile(g: mi.KNGraph, name: str) -> None:

@@ -9,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import mirage as mi
 import pytest
-from conftest import RAN_GRAPHS
-from mirage import _cuda
+from conftest import RAN_GRAPHS, nvrtc_or_skip
 
 
 def _compile(item: tuple[str, str]) -> str | None:
@@ -26,12 +25,7 @@ def _compile(item: tuple[str, str]) -> str | None:
 
 
 def test_every_graph_the_suite_ran_compiles(monkeypatch, tmp_path):
-    try:
-        _cuda.nvrtc_info()
-    except RuntimeError as e:  # pragma: no cover - CI has NVRTC via the venv
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"NVRTC not available: {e}")
+    nvrtc_or_skip()
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
     graphs = sorted(RAN_GRAPHS.items())
     if not graphs:

@@ -452,8 +452,13 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         }
         stages -= 1;
     };
-    let step_rw: Vec<(Vec<STensorId>, Vec<STensorId>)> =
-        steps.iter().map(|&(sec, st)| (rw(sec, st).0, rw(sec, st).1)).collect();
+    let step_rw: Vec<(Vec<STensorId>, Vec<STensorId>)> = steps
+        .iter()
+        .map(|&(sec, st)| {
+            let (w, r, _) = rw(sec, st);
+            (w, r)
+        })
+        .collect();
 
     let ctx = Ctx { bg, ins, outs, groups, nt, storage, streamed, input_ops, layout, stages };
     // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.

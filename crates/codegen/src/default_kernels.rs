@@ -241,6 +241,8 @@ pub(crate) fn matmul(name: &str, a: &DevBuffer, b: &DevBuffer, out: &DevBuffer) 
     wl!(s, "      Bs[i] = (gk < {k} && gn < {n}) ? in1[offb + (long long)gk * {sbk}LL + (long long)gn * {sbn}LL] : mi::from_f32<{tb}>(0.0f);");
     wl!(s, "    }}");
     wl!(s, "    __syncthreads();");
+    // No split-K scratch: a 64x64 tile has 8 fragment groups for the 4 warps, so every warp
+    // has its own fragments and `matmul_tile` never touches the scratch pointer.
     wl!(s, "    mi::matmul_tile<NT, 1, {MM_TM}, {MM_TN}, {MM_TK}, {MM_TK}, {MM_TN}>(As, Bs, nullptr, [&](int c, float v) {{ Cs[c] += v; }});");
     wl!(s, "  }}");
     wl!(s, "  __syncthreads();");

@@ -71,11 +71,11 @@ CONFIG_KEYS: dict[str, type] = {
 
 _BACKENDS = ("cuda", "cpu")
 #: Candidates verified and timed when a GPU profiles them (the cost model's best).
-_GPU_TOP_N = 16
+_GPU_TOP_N = 24
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 #: Candidates compiled and timed on a GPU.
-PROFILE_TOP_N = 8
+PROFILE_TOP_N = 24
 
 
 class SearchError(RuntimeError):

@@ -133,36 +133,84 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) { return blo
 template <int NT>
 __device__ __forceinline__ float block_max(float v, float* scratch) { return block_reduce<NT, MaxOp>(v, scratch); }
 
-// Reduces a [OUTER, LEN, INNER] index space over LEN by the whole block.
-// load(i) returns element i (row-major over [OUTER, LEN, INNER]) as float;
-// store(o, v) receives output o (row-major over [OUTER, INNER]). IS_MAX picks max over sum.
-// A warp per output when the reduced length is long, a thread per output otherwise.
+__host__ __device__ constexpr int pow2_floor(int x) {
+  int p = 1;
+  while (p * 2 <= x) p *= 2;
+  return p;
+}
+__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
+
+// How NT threads share NOUT reductions of LEN elements: WPO whole warps per output (their
+// partials meet in shared memory) when outputs are fewer than warps and long, else TPO lanes
+// per output (a power of two; partials meet by shuffles), else one thread per output.
+template <int NT, int NOUT, int LEN>
+struct ReducePlan {
+  static constexpr int NW = NT / 32;
+  static constexpr bool WARPS = NT % 32 == 0 && NOUT * 2 <= NW && LEN >= 128;
+  static constexpr int WPO = WARPS ? pow2_floor(cmin(NW / NOUT, LEN / 64)) : 1;
+  static constexpr bool LANES = !WARPS && NT % 32 == 0 && NOUT * 2 <= NT && LEN >= 2;
+  static constexpr int TPO = LANES ? pow2_floor(cmin(cmin(NT / NOUT, 32), LEN)) : 1;
+};
+
+// Reduces a [OUTER, LEN, INNER] index space over LEN by the whole block (every thread must
+// call it: it may contain barriers). load(i) returns element i (row-major over
+// [OUTER, LEN, INNER]) as float; store(o, v) receives output o (row-major over [OUTER, INNER]).
+// IS_MAX picks max over sum. Threads of one output read consecutive elements, each starting
+// at a rotated position so that rows a multiple of 32 words apart do not share banks.
 template <int NT, int OUTER, int LEN, int INNER, bool IS_MAX, class Load, class Store>
 __device__ __forceinline__ void reduce(Load load, Store store) {
   constexpr int NOUT = OUTER * INNER;
+  using Plan = ReducePlan<NT, NOUT, LEN>;
   const int t = lin_tid();
-  if constexpr (NT % 32 == 0 && LEN >= 32) {
-    constexpr int NW = NT / 32;
-    const int lane = t & 31;
-    for (int o = t >> 5; o < NOUT; o += NW) {
-      const int oo = o / INNER, ii = o - (o / INNER) * INNER;
-      const int base = oo * LEN * INNER + ii;
-      float acc = IS_MAX ? neg_inf() : 0.0f;
-      for (int l = lane; l < LEN; l += 32) {
-        const float x = load(base + l * INNER);
-        acc = IS_MAX ? fmaxf(acc, x) : acc + x;
+  auto comb = [](float a, float b) { return IS_MAX ? fmaxf(a, b) : a + b; };
+  const float init = IS_MAX ? neg_inf() : 0.0f;
+  if constexpr (Plan::WARPS) {
+    constexpr int WPO = Plan::WPO;
+    __shared__ float part[Plan::NW];
+    const int w = t >> 5, lane = t & 31, o = w / WPO, j = w % WPO;
+    float acc = init;
+    if (o < NOUT) {
+      const int base = (o / INNER) * LEN * INNER + o % INNER;
+      for (int l = j * 32 + lane; l < LEN; l += WPO * 32) acc = comb(acc, load(base + l * INNER));
+    }
+    acc = IS_MAX ? warp_max(acc) : warp_sum(acc);
+    if (lane == 0) part[w] = acc;
+    __syncthreads();
+    if (t < NOUT) {
+      float v = part[t * WPO];
+#pragma unroll
+      for (int k = 1; k < WPO; ++k) v = comb(v, part[t * WPO + k]);
+      store(t, v);
+    }
+    __syncthreads();
+  } else if constexpr (Plan::LANES) {
+    constexpr int TPO = Plan::TPO, CNT = (LEN + TPO - 1) / TPO;
+    const int g = t / TPO, j = t % TPO;
+    for (int o0 = 0; o0 < NOUT; o0 += NT / TPO) {
+      const int o = o0 + g;
+      float acc = init;
+      if (o < NOUT) {
+        const int base = (o / INNER) * LEN * INNER + o % INNER;
+        int i = INNER == 1 ? o % CNT : 0;
+#pragma unroll 4
+        for (int c = 0; c < CNT; ++c) {
+          const int l = j + TPO * i;
+          if (CNT * TPO == LEN || l < LEN) acc = comb(acc, load(base + l * INNER));
+          if (++i == CNT) i = 0;
+        }
       }
-      acc = IS_MAX ? warp_max(acc) : warp_sum(acc);
-      if (lane == 0) store(o, acc);
+#pragma unroll
+      for (int off = TPO / 2; off > 0; off >>= 1) acc = comb(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+      if (o < NOUT && j == 0) store(o, acc);
     }
   } else {
     for (int o = t; o < NOUT; o += NT) {
-      const int oo = o / INNER, ii = o - (o / INNER) * INNER;
-      const int base = oo * LEN * INNER + ii;
-      float acc = load(base);
-      for (int l = 1; l < LEN; ++l) {
-        const float x = load(base + l * INNER);
-        acc = IS_MAX ? fmaxf(acc, x) : acc + x;
+      const int base = (o / INNER) * LEN * INNER + o % INNER;
+      int l = INNER == 1 ? o % LEN : 0;
+      float acc = init;
+      for (int c = 0; c < LEN; ++c) {
+        acc = comb(acc, load(base + l * INNER));
+        if (++l == LEN) l = 0;
       }
       store(o, acc);
     }
@@ -170,21 +218,58 @@ __device__ __forceinline__ void reduce(Load load, Store store) {
 }
 
 // RMS normalisation of ROWS rows of length LEN: store(i, x_i / sqrt(mean(x^2))) for every
-// element i (row-major over [ROWS, LEN]); load(i) returns element i as float.
+// element i (row-major over [ROWS, LEN]); load(i) returns element i as float. Threads share
+// rows as in `reduce` (every thread must call it).
 template <int NT, int ROWS, int LEN, class Load, class Store>
 __device__ __forceinline__ void rms_norm_rows(Load load, Store store) {
+  using Plan = ReducePlan<NT, ROWS, LEN>;
   const int t = lin_tid();
-  if constexpr (NT % 32 == 0 && LEN >= 32) {
-    constexpr int NW = NT / 32;
-    const int lane = t & 31;
-    for (int r = t >> 5; r < ROWS; r += NW) {
-      float ss = 0.0f;
-      for (int l = lane; l < LEN; l += 32) {
+  if constexpr (Plan::WARPS) {
+    constexpr int WPO = Plan::WPO;
+    __shared__ float part[Plan::NW];
+    const int w = t >> 5, lane = t & 31, r = w / WPO, j = w % WPO;
+    float ss = 0.0f;
+    if (r < ROWS) {
+      for (int l = j * 32 + lane; l < LEN; l += WPO * 32) {
         const float x = load(r * LEN + l);
         ss += x * x;
       }
-      const float rms = sqrtf(warp_sum(ss) / (float)LEN);
-      for (int l = lane; l < LEN; l += 32) store(r * LEN + l, load(r * LEN + l) / rms);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) part[w] = ss;
+    __syncthreads();
+    if (r < ROWS) {
+      float tot = 0.0f;
+#pragma unroll
+      for (int k = 0; k < WPO; ++k) tot += part[r * WPO + k];
+      const float rms = sqrtf(tot / (float)LEN);
+      for (int l = j * 32 + lane; l < LEN; l += WPO * 32) store(r * LEN + l, load(r * LEN + l) / rms);
+    }
+    __syncthreads();
+  } else if constexpr (Plan::LANES) {
+    constexpr int TPO = Plan::TPO, CNT = (LEN + TPO - 1) / TPO;
+    const int g = t / TPO, j = t % TPO;
+    for (int r0 = 0; r0 < ROWS; r0 += NT / TPO) {
+      const int r = r0 + g;
+      float ss = 0.0f;
+      if (r < ROWS) {
+        int i = r % CNT;
+#pragma unroll 4
+        for (int c = 0; c < CNT; ++c) {
+          const int l = j + TPO * i;
+          if (CNT * TPO == LEN || l < LEN) {
+            const float x = load(r * LEN + l);
+            ss += x * x;
+          }
+          if (++i == CNT) i = 0;
+        }
+      }
+#pragma unroll
+      for (int off = TPO / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      if (r < ROWS) {
+        const float rms = sqrtf(ss / (float)LEN);
+        for (int l = j; l < LEN; l += TPO) store(r * LEN + l, load(r * LEN + l) / rms);
+      }
     }
   } else {
     for (int r = t; r < ROWS; r += NT) {
@@ -445,5 +530,231 @@ __device__ __forceinline__ void matmul_tile(const TA* A, const TB* B, float* scr
 #endif
   matmul_simt<NT, BATCH, M, N, K, LDA, LDB, TA, TB>(A, B, epi);
 }
+
+
+// ------------------------------------------------------ register-resident attention
+// The online-softmax loop of attention with S = Q K, the running max, P = exp(S - m), the row
+// sums and O = sum P V in registers (FlashAttention-2's schedule; codegen's flash.rs matches
+// the block graph). Per batch item b < BATCH: Q is [M][D] (row pitch LDQ, type TQ: 16-bit T
+// or fp32, converted once), each iteration's K is [D][N] (LDK) and V is [N][DV] (LDV), 16-bit
+// T, all in shared memory. The warps split evenly over batch items; within one, warp w takes
+// RG row groups of 16 rows (group (w % WR) * RG + r) and key slice w / WR of width N / KS;
+// each slice keeps its own running max, and `finish` combines the slices once, after the
+// loop, into
+//   O[b][m][j] = sum_n exp(S[m][n] - X[m]) V[n][j],  L[b][m] = sum_n exp(S[m][n] - X[m]),
+//   X[b][m] = max_n S[m][n]   (n over every iteration's keys; fp32, row-major).
+__device__ __forceinline__ unsigned pack_f32x2(float lo, float hi, f16*) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+__device__ __forceinline__ unsigned pack_f32x2(float lo, float hi, bf16*) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+template <int NT, int BATCH, int M, int D, int N, int DV, int LDQ, int LDK, int LDV, int KS, typename T,
+          typename TQ>
+struct Flash {
+  static_assert((NT / 32) % BATCH == 0, "flash: warps per batch item");
+  static constexpr int NW = NT / 32 / BATCH, MW = M / 16;
+  static constexpr int RG = MW > NW ? MW / NW : 1;  // row groups per warp
+  static constexpr int WR = MW / RG;                 // warps along rows
+  static constexpr int NC = N / KS, NFS = NC / 8, NFO = DV / 8, KQ = D / 16, KP = NC / 16;
+  static_assert(M % 16 == 0 && D % 16 == 0 && N % (16 * KS) == 0 && DV % 16 == 0, "flash tile shape");
+  static_assert(WR * KS <= NW, "flash warps");
+  unsigned q[RG][KQ][4];
+  float o[RG][NFO][4];
+  float m[RG][2], l[RG][2];
+  int lane, bt, wr, slice;
+  bool active;
+
+  __device__ __forceinline__ void init() {
+    const int w = (lin_tid() >> 5) % NW;
+    bt = (lin_tid() >> 5) / NW;
+    lane = lin_tid() & 31;
+    wr = w % WR;
+    slice = w / WR;
+    active = slice < KS;
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      m[r][0] = m[r][1] = neg_inf();
+      l[r][0] = l[r][1] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NFO; ++j) o[r][j][0] = o[r][j][1] = o[r][j][2] = o[r][j][3] = 0.0f;
+    }
+  }
+
+  // One iteration: `first` reloads Q's fragments (Q is loop-invariant).
+  __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, bool first) {
+    if (!active) return;
+    const int c0 = slice * NC;
+    Q += bt * M * LDQ;
+    K += bt * D * LDK;
+    V += bt * N * LDV;
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      const int row0 = (wr * RG + r) * 16;
+      if (first) {
+#pragma unroll
+        for (int kk = 0; kk < KQ; ++kk) {
+          if constexpr (same_type<TQ, T>::value) {
+            ldsm_x4(q[r][kk], Q + (row0 + (lane & 15)) * LDQ + kk * 16 + (lane >> 4) * 8);
+          } else {
+            const int g = lane >> 2, c = kk * 16 + (lane & 3) * 2;
+            const TQ* q0 = Q + (row0 + g) * LDQ + c;
+            const TQ* q1 = q0 + 8 * LDQ;
+            q[r][kk][0] = pack_f32x2(to_f32(q0[0]), to_f32(q0[1]), (T*)nullptr);
+            q[r][kk][1] = pack_f32x2(to_f32(q1[0]), to_f32(q1[1]), (T*)nullptr);
+            q[r][kk][2] = pack_f32x2(to_f32(q0[8]), to_f32(q0[9]), (T*)nullptr);
+            q[r][kk][3] = pack_f32x2(to_f32(q1[8]), to_f32(q1[9]), (T*)nullptr);
+          }
+        }
+      }
+      float s[NFS][4];
+#pragma unroll
+      for (int j = 0; j < NFS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KQ; ++kk) {
+#pragma unroll
+        for (int jj = 0; jj < NFS / 2; ++jj) {
+          unsigned b[4];
+          ldsm_x4_trans(b, K + (kk * 16 + (lane & 15)) * LDK + c0 + jj * 16 + (lane >> 4) * 8);
+          mma_16816<T>(s[2 * jj], q[r][kk], b);
+          mma_16816<T>(s[2 * jj + 1], q[r][kk], b + 2);
+        }
+      }
+      // Row max of rows g and g + 8 (a quad holds a row's columns).
+      float mx0 = neg_inf(), mx1 = neg_inf();
+#pragma unroll
+      for (int j = 0; j < NFS; ++j) {
+        mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float n0 = fmaxf(m[r][0], mx0), n1 = fmaxf(m[r][1], mx1);
+      const float a0 = __expf(m[r][0] - n0), a1 = __expf(m[r][1] - n1);
+      m[r][0] = n0;
+      m[r][1] = n1;
+      // P = exp(S - m), its row sums, and P as the A operand of P V.
+      unsigned pa[KP][4];
+      float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NFS; ++j) {
+        const float e0 = __expf(s[j][0] - n0), e1 = __expf(s[j][1] - n0);
+        const float e2 = __expf(s[j][2] - n1), e3 = __expf(s[j][3] - n1);
+        ls0 += e0 + e1;
+        ls1 += e2 + e3;
+        pa[j / 2][(j % 2) * 2] = pack_f32x2(e0, e1, (T*)nullptr);
+        pa[j / 2][(j % 2) * 2 + 1] = pack_f32x2(e2, e3, (T*)nullptr);
+      }
+      l[r][0] = l[r][0] * a0 + ls0;
+      l[r][1] = l[r][1] * a1 + ls1;
+#pragma unroll
+      for (int j = 0; j < NFO; ++j) {
+        o[r][j][0] *= a0;
+        o[r][j][1] *= a0;
+        o[r][j][2] *= a1;
+        o[r][j][3] *= a1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < KP; ++kk) {
+#pragma unroll
+        for (int jj = 0; jj < NFO / 2; ++jj) {
+          unsigned b[4];
+          ldsm_x4_trans(b, V + (c0 + kk * 16 + (lane & 15)) * LDV + jj * 16 + (lane >> 4) * 8);
+          mma_16816<T>(o[r][2 * jj], pa[kk], b);
+          mma_16816<T>(o[r][2 * jj + 1], pa[kk], b + 2);
+        }
+      }
+    }
+  }
+
+  // After the loop: O ([BATCH][M][DV]), L and X ([BATCH][M], either may be null) in fp32
+  // shared memory. `scratch` holds BATCH * KS * M * (DV + 2) floats when KS > 1; every
+  // thread must call this.
+  __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
+    const int g = lane >> 2, qd = lane & 3;
+    const int ob = bt * M;  // this warp's first row of O, L and X
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l[r][h] += __shfl_xor_sync(0xffffffffu, l[r][h], 1);
+        l[r][h] += __shfl_xor_sync(0xffffffffu, l[r][h], 2);
+      }
+    }
+    if constexpr (KS == 1) {
+      if (!active) return;
+#pragma unroll
+      for (int r = 0; r < RG; ++r) {
+        const int r0 = ob + (wr * RG + r) * 16 + g, r1 = r0 + 8;
+#pragma unroll
+        for (int j = 0; j < NFO; ++j) {
+          const int c = j * 8 + qd * 2;
+          O[r0 * DV + c] = o[r][j][0];
+          O[r0 * DV + c + 1] = o[r][j][1];
+          O[r1 * DV + c] = o[r][j][2];
+          O[r1 * DV + c + 1] = o[r][j][3];
+        }
+        if (qd == 0) {
+          if (L) { L[r0] = l[r][0]; L[r1] = l[r][1]; }
+          if (X) { X[r0] = m[r][0]; X[r1] = m[r][1]; }
+        }
+      }
+    } else {
+      constexpr int P = DV + 2;  // per row: O, then the slice's max and sum
+      __syncthreads();
+      if (active) {
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+          const int r0 = (wr * RG + r) * 16 + g, r1 = r0 + 8;
+          float* s0 = scratch + ((bt * KS + slice) * M + r0) * P;
+          float* s1 = scratch + ((bt * KS + slice) * M + r1) * P;
+#pragma unroll
+          for (int j = 0; j < NFO; ++j) {
+            const int c = j * 8 + qd * 2;
+            s0[c] = o[r][j][0];
+            s0[c + 1] = o[r][j][1];
+            s1[c] = o[r][j][2];
+            s1[c + 1] = o[r][j][3];
+          }
+          if (qd == 0) {
+            s0[DV] = m[r][0]; s0[DV + 1] = l[r][0];
+            s1[DV] = m[r][1]; s1[DV + 1] = l[r][1];
+          }
+        }
+      }
+      __syncthreads();
+      // Row `row` of batch item b, slice k, sits at scratch[((b * KS + k) * M + row) * P].
+      for (int i = lin_tid(); i < BATCH * M * DV; i += NT) {
+        const int br = i / DV, c = i - br * DV, b = br / M, row = br - b * M;
+        const float* sr = scratch + (b * KS * M + row) * P;
+        float mm = neg_inf();
+#pragma unroll
+        for (int k = 0; k < KS; ++k) mm = fmaxf(mm, sr[k * M * P + DV]);
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KS; ++k) acc += sr[k * M * P + c] * __expf(sr[k * M * P + DV] - mm);
+        O[i] = acc;
+      }
+      for (int br = lin_tid(); br < BATCH * M; br += NT) {
+        const int b = br / M, row = br - b * M;
+        const float* sr = scratch + (b * KS * M + row) * P;
+        float mm = neg_inf();
+#pragma unroll
+        for (int k = 0; k < KS; ++k) mm = fmaxf(mm, sr[k * M * P + DV]);
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KS; ++k) acc += sr[k * M * P + DV + 1] * __expf(sr[k * M * P + DV] - mm);
+        if (L) L[br] = acc;
+        if (X) X[br] = mm;
+      }
+      __syncthreads();
+    }
+  }
+};
 
 }  // namespace mi

@@ -18,6 +18,7 @@ use mirage_ugraph::{
 
 use crate::emit::{bcast, binary_expr, coord, flit, numel, offset, offset_wide, row_major, unary_expr, wl};
 use crate::error::{unsupported, Result};
+use crate::flash::{self, FlashRegion};
 use crate::program::{DevBuffer, Storage};
 
 /// Alignment of every shared-memory buffer in bytes.
@@ -52,6 +53,10 @@ enum Step {
     Finalize { op: usize },
     /// Output saver `j` (op `op`).
     Save { j: usize, op: usize },
+    /// One iteration of the register-resident attention region (`flash.rs`).
+    Flash,
+    /// The region's accumulator tiles, written once after the loop.
+    FlashEnd,
 }
 
 /// A shared-memory buffer: size, live interval over step positions, byte offset.
@@ -87,6 +92,8 @@ struct Ctx<'a> {
     layout: Vec<Option<Layout>>,
     /// Pipeline stages of the loop's staged input tiles.
     stages: usize,
+    /// The register-resident attention region, its key slices and its combine scratch offset.
+    flash: Option<(FlashRegion, usize, Option<usize>)>,
 }
 
 /// How an input tile sits in shared memory.
@@ -106,6 +113,22 @@ struct Layout {
 
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
 pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBuffer]) -> Result<Emitted> {
+    match emit_with(name, bg, ins, outs, true)? {
+        Some(e) => Ok(e),
+        None => emit_with(name, bg, ins, outs, false)?
+            .map_or_else(|| unsupported(format!("{name}: internal error: no schedule without flash")), Ok),
+    }
+}
+
+/// [`emit`], with or without the register-resident attention region; `None` when the region
+/// was matched but its tiles do not suit it (then the caller emits without it).
+fn emit_with(
+    name: &str,
+    bg: &BlockGraph,
+    ins: &[DevBuffer],
+    outs: &[DevBuffer],
+    allow_flash: bool,
+) -> Result<Option<Emitted>> {
     let nt: usize = bg.block_dim.iter().product();
     let n_ops = bg.ops.len();
     let n_t = bg.tensors.len();
@@ -143,6 +166,9 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     }
 
     let groups = fuse_elementwise(bg);
+    let fr = if allow_flash { flash::find(bg, &opneed, &uses) } else { None };
+    let in_region = |j: usize| fr.as_ref().is_some_and(|f| f.ops.contains(&j));
+    let region_last = fr.as_ref().and_then(|f| f.ops.iter().copied().max());
     let mut group_root: Vec<Option<usize>> = vec![None; n_ops];
     for (g, grp) in groups.iter().enumerate() {
         if let Some(&root) = grp.ops.last() {
@@ -200,6 +226,11 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                 steps.push((sec, Step::Save { j: jj, op: j }));
             }
             _ if !opneed[j] => {}
+            _ if in_region(j) => {
+                if Some(j) == region_last {
+                    steps.push((Section::Loop, Step::Flash));
+                }
+            }
             BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } => {
                 if let Some(g) = group_root[j] {
                     steps.push((phase_sec(op.outputs[0]), Step::Group { g }));
@@ -231,6 +262,10 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         }
     }
     steps.sort_by_key(|(s, _)| *s); // stable: op order within each section
+    if fr.is_some() {
+        let at = steps.iter().position(|(s, _)| *s == Section::Post).unwrap_or(steps.len());
+        steps.insert(at, (Section::Post, Step::FlashEnd));
+    }
 
     // Reads and writes of a step: (written tiles, read tiles, whether the writes are carried
     // across iterations).
@@ -258,6 +293,13 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             Step::Accum { op } => (vec![bg.ops[op].outputs[0]], bg.ops[op].inputs.clone(), true),
             Step::Finalize { op } => (vec![bg.ops[op].outputs[0]], vec![bg.ops[op].outputs[0]], false),
             Step::Save { op, .. } => (vec![], bg.ops[op].inputs.clone(), false),
+            Step::Flash => fr.as_ref().map_or((vec![], vec![], false), |f| (vec![], vec![f.q, f.k, f.v], false)),
+            Step::FlashEnd => fr.as_ref().map_or((vec![], vec![], false), |f| {
+                let mut w = vec![f.o];
+                w.extend(f.l);
+                w.extend(f.x);
+                (w, vec![], false)
+            }),
         }
     };
 
@@ -270,7 +312,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             let t = bg.ops[op].outputs[0];
             let readers: Vec<Step> =
                 steps.iter().filter(|&&(sec, st)| rw(sec, st).1.contains(&t)).map(|&(_, st)| st).collect();
-            if readers.len() == 1 && !matches!(readers[0], Step::Matmul { .. }) {
+            if readers.len() == 1 && !matches!(readers[0], Step::Matmul { .. } | Step::Flash) {
                 streamed[t] = Some(k);
             }
         }
@@ -383,6 +425,25 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         }
     }
 
+    // The attention region reads Q, K and V with ldmatrix: one 16-bit type, rows 16-byte aligned.
+    if let Some(f) = &fr {
+        let st = storage[f.k];
+        let fits = |t: STensorId| {
+            streamed[t].is_none()
+                && layout[t].map_or(bg.tensors[t].dims.last().is_some_and(|&d| d % 8 == 0), |l| l.ld % 8 == 0)
+        };
+        // Q may also be fp32 (a previous kernel's output): its fragments are converted once.
+        let q_ok = storage[f.q] == st || (storage[f.q] == Some(Storage::F32) && streamed[f.q].is_none());
+        if !matches!(st, Some(Storage::F16 | Storage::BF16))
+            || storage[f.v] != st
+            || !q_ok
+            || ![f.k, f.v].iter().all(|&t| fits(t))
+            || (storage[f.q] == st && !fits(f.q))
+        {
+            return Ok(None);
+        }
+    }
+
     // Live intervals. Staged tiles live through the whole loop (all their stages).
     let mut interval: Vec<Option<(usize, usize)>> = vec![None; n_t];
     for t in 0..n_t {
@@ -399,6 +460,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         interval[t] = Some((s, e));
     }
 
+    let flash_end = steps.iter().position(|(_, st)| *st == Step::FlashEnd);
     // Buffers for a stage count, with in-place element-wise groups; first-fit placement.
     let plan = |stages: usize| -> (Vec<Buffer>, Vec<Option<usize>>, usize) {
         let mut buffers: Vec<Buffer> = Vec::new();
@@ -438,6 +500,12 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                 }
             }
         }
+        if let (Some(f), Some(pos)) = (&fr, flash_end) {
+            let bytes = f.combine_bytes(nt);
+            if bytes > 0 {
+                buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0 });
+            }
+        }
         let total = place(&mut buffers);
         (buffers, buf_of, total)
     };
@@ -460,13 +528,18 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         })
         .collect();
 
-    let ctx = Ctx { bg, ins, outs, groups, nt, storage, streamed, input_ops, layout, stages };
+    let flash = fr.map(|f| {
+        let ks = f.slices(nt);
+        let off = (f.combine_bytes(nt) > 0).then(|| buffers.last().map_or(0, |b| b.offset));
+        (f, ks, off)
+    });
+    let ctx = Ctx { bg, ins, outs, groups, nt, storage, streamed, input_ops, layout, stages, flash };
     // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.
     let has_matmul = steps.iter().any(|(_, st)| matches!(st, Step::Matmul { .. }));
     let scratch = if has_matmul { Some(smem_bytes) } else { None };
     let total = smem_bytes + if has_matmul { nt * 16 } else { 0 };
     let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, scratch, total)?;
-    Ok(Emitted { source: src, smem_bytes: total })
+    Ok(Some(Emitted { source: src, smem_bytes: total }))
 }
 
 /// First-fit placement of buffers by lifetime; returns the total bytes.
@@ -640,13 +713,20 @@ impl Ctx<'_> {
             bg.forloop_range,
             n_stages
         );
-        wl!(s, "extern \"C\" __global__ void __launch_bounds__({}) {name}({}) {{", self.nt, params.join(", "));
+        // The attention region holds its tiles in registers: ask for at most 128 per thread at
+        // 256 threads so that two blocks share an SM (latency hiding needs the warps).
+        let bounds =
+            if self.flash.is_some() && self.nt >= 256 { format!("{}, 2", self.nt) } else { self.nt.to_string() };
+        wl!(s, "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{", params.join(", "));
         wl!(s, "  extern __shared__ __align__(16) unsigned char mi_smem[];");
         wl!(s, "  constexpr int NT = {};", self.nt);
         wl!(s, "  const int tid = mi::lin_tid();");
         wl!(s, "  (void)tid;");
         if let Some(off) = scratch {
             wl!(s, "  float* const mi_scratch = reinterpret_cast<float*>(mi_smem + {off}); // matmul split-K");
+        }
+        if let Some((_, _, Some(off))) = &self.flash {
+            wl!(s, "  float* const mi_fa = reinterpret_cast<float*>(mi_smem + {off}); // attention slice combine");
         }
         // Byte range of each materialised tile (staged tiles: all stages).
         let mut range: Vec<Option<(usize, usize)>> = vec![None; bg.tensors.len()];
@@ -677,6 +757,24 @@ impl Ctx<'_> {
         let mut in_loop = false;
         for (pos, (sec, step)) in steps.iter().enumerate() {
             if *sec == Section::Loop && !in_loop {
+                if let Some((f, ks, _)) = &self.flash {
+                    let ld = |t: STensorId| self.layout[t].map_or(self.dims(t)[self.dims(t).len() - 1], |l| l.ld);
+                    let ty = self.storage[f.k].map_or("float", Storage::cty);
+                    let tq = self.storage[f.q].map_or("float", Storage::cty);
+                    wl!(
+                        s,
+                        "  mi::Flash<NT, {}, {}, {}, {}, {}, {}, {}, {}, {ks}, {ty}, {tq}> fa;",
+                        f.batch,
+                        f.m,
+                        f.d,
+                        f.n,
+                        f.dv,
+                        ld(f.q),
+                        ld(f.k),
+                        ld(f.v)
+                    );
+                    wl!(s, "  fa.init();");
+                }
                 // Prologue: the first stages of every staged tile, then the loop.
                 if !staged.is_empty() {
                     let w: Vec<(usize, usize)> = staged.iter().filter_map(|&(_, _, t)| range[t]).collect();
@@ -814,6 +912,22 @@ impl Ctx<'_> {
         let mut s = String::new();
         match step {
             Step::Load { .. } => return unsupported("internal error: loads are emitted by the kernel schedule"),
+            Step::Flash => {
+                let Some((f, _, _)) = &self.flash else { return unsupported("internal error: no attention region") };
+                wl!(s, "fa.step({}, {}, {}, it == 0);", self.tile(f.q), self.tile(f.k), self.tile(f.v));
+            }
+            Step::FlashEnd => {
+                let Some((f, _, off)) = &self.flash else { return unsupported("internal error: no attention region") };
+                let opt = |t: Option<STensorId>| t.map_or("nullptr".to_string(), |t| self.tile(t));
+                wl!(
+                    s,
+                    "fa.finish({}, {}, {}, {});",
+                    if off.is_some() { "mi_fa" } else { "nullptr" },
+                    self.tile(f.o),
+                    opt(f.l),
+                    opt(f.x)
+                );
+            }
             Step::Save { j, op } => {
                 let BlockOpKind::Output { omap, forloop_dim } = bg.ops[op].kind else {
                     return unsupported("internal error: save of a non-output op");

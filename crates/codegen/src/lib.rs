@@ -28,6 +28,7 @@ pub mod driver;
 mod emit;
 pub mod error;
 pub mod exec;
+mod flash;
 pub mod generate;
 pub mod nvrtc;
 pub mod program;

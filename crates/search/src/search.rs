@@ -626,8 +626,43 @@ fn build_graph(reference: &KernelGraph, ctx: &Ctx<'_>, steps: &[KStep], choice: 
     Ok(g)
 }
 
-/// Checks candidates cheapest first until `top_n` pass (or four times as many were tried);
-/// drops the failures. Returns (passed, failed).
+/// The launch shape of a candidate: (blocks, threads per block, for-loop range) of each
+/// customized kernel, and the number of predefined kernels.
+fn shape(g: &KernelGraph) -> (Vec<(usize, usize, usize)>, usize) {
+    let mut custom = Vec::new();
+    let mut predefined = 0;
+    for op in &g.ops {
+        match &op.kind {
+            KernelOpKind::Customized { graph } => {
+                custom.push((graph.num_blocks(), graph.block_dim.iter().product(), graph.forloop_range))
+            }
+            KernelOpKind::Input { .. } => {}
+            _ => predefined += 1,
+        }
+    }
+    (custom, predefined)
+}
+
+/// The order in which candidates are checked: the cheapest of each distinct launch shape
+/// first (cheapest shape first), then the rest by cost. The cost model ranks shapes only
+/// roughly (loop latency, occupancy), so the verified set, which a GPU then times, spans
+/// shapes instead of near-copies of the model's favourite.
+fn check_order(cands: &[Candidate]) -> Vec<usize> {
+    let mut seen = std::collections::HashSet::new();
+    let (mut first, mut rest) = (Vec::new(), Vec::new());
+    for (i, c) in cands.iter().enumerate() {
+        if seen.insert(shape(&c.graph)) {
+            first.push(i);
+        } else {
+            rest.push(i);
+        }
+    }
+    first.extend(rest);
+    first
+}
+
+/// Checks candidates in [`check_order`] until `top_n` pass (or four times as many were tried);
+/// drops the failures, keeping the cheapest-first order. Returns (passed, failed).
 fn verify_all(
     reference: &KernelGraph,
     cfg: &SearchConfig,
@@ -635,18 +670,20 @@ fn verify_all(
     cands: &mut Vec<Candidate>,
 ) -> (usize, usize) {
     let want = cfg.verify.top_n;
+    let order = check_order(cands);
     let (mut passed, mut failed, mut next) = (0, 0, 0);
-    while passed < want && next < cands.len() && next < 4 * want.max(1) && !ctl.cancelled() {
-        let end = (next + (want - passed)).min(cands.len());
+    while passed < want && next < order.len() && next < 4 * want.max(1) && !ctl.cancelled() {
+        let end = (next + (want - passed)).min(order.len());
+        let idx = &order[next..end];
         let results: Vec<Verification> =
-            cands[next..end].par_iter().map(|c| verify_candidate(reference, &c.graph, &cfg.verify)).collect();
-        for (c, v) in cands[next..end].iter_mut().zip(results) {
+            idx.par_iter().map(|&i| verify_candidate(reference, &cands[i].graph, &cfg.verify)).collect();
+        for (&i, v) in idx.iter().zip(results) {
             if v.passed() {
                 passed += 1;
             } else {
                 failed += 1;
             }
-            c.verification = v;
+            cands[i].verification = v;
         }
         next = end;
     }

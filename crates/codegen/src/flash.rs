@@ -1,0 +1,226 @@
+//! Register-resident attention: recognises the online-softmax loop of a block graph and
+//! describes it for `mi::Flash` (runtime header), which keeps S = Q K, the running max,
+//! P = exp(S - m), the row sums and the rescaled P V in registers (FlashAttention-2's
+//! schedule) instead of materialising each in shared memory every iteration.
+//!
+//! The region matched, all in the loop, with nothing outside it reading its inner tensors:
+//!
+//! ```text
+//! S = matmul(Q, K)            Q loop-invariant, K and V per-iteration (16-bit tiles)
+//! (M, D) = reduction_max(S)   over S's last dim: running max and its change
+//! P = exp(S - M);  a = exp(D)
+//! O = accum_rescale(matmul(P, V), a)
+//! L = accum_rescale(reduction(P), a)   or   accum_rescale[sum](P, a)     (optional)
+//! X = accum_max(M)                                                        (optional)
+//! ```
+//!
+//! O, L and X are then ordinary tiles of the post-loop section: `Flash::finish` writes them
+//! with exactly the values the block-graph semantics give (up to rounding).
+
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, Phase, STensorId, UnaryOp};
+
+/// A matched attention region.
+#[derive(Debug, Clone)]
+pub(crate) struct FlashRegion {
+    /// Block ops the region replaces.
+    pub ops: Vec<usize>,
+    /// Operand tiles.
+    pub q: STensorId,
+    /// Keys tile [1, d, n].
+    pub k: STensorId,
+    /// Values tile [1, n, dv].
+    pub v: STensorId,
+    /// Accumulator tiles written after the loop.
+    pub o: STensorId,
+    /// Row-sum accumulator, if the graph has one.
+    pub l: Option<STensorId>,
+    /// Running-max accumulator, if the graph has one.
+    pub x: Option<STensorId>,
+    /// Independent attention problems in the tile (the product of the leading dims).
+    pub batch: usize,
+    /// Rows of Q.
+    pub m: usize,
+    /// Head dim (Q's last dim).
+    pub d: usize,
+    /// Keys per iteration.
+    pub n: usize,
+    /// Value width.
+    pub dv: usize,
+}
+
+impl FlashRegion {
+    /// The column slices of each key chunk that warps split (`KS` of `mi::Flash`), with the
+    /// rows-per-warp rule of the runtime: warps along rows = row groups (16 rows) / groups
+    /// per warp, the rest slice the keys in multiples of 16.
+    pub fn slices(&self, nt: usize) -> usize {
+        let nw = nt / 32 / self.batch;
+        let mw = self.m / 16;
+        let rg = if mw > nw { mw / nw } else { 1 };
+        let wr = mw / rg;
+        let mut ks = (nw / wr).max(1);
+        while ks > 1 && !self.n.is_multiple_of(ks * 16) {
+            ks -= 1;
+        }
+        ks
+    }
+
+    /// Bytes of shared memory `finish` needs to combine the slices (0 for one slice).
+    pub fn combine_bytes(&self, nt: usize) -> usize {
+        let ks = self.slices(nt);
+        if ks > 1 {
+            self.batch * ks * self.m * (self.dv + 2) * 4
+        } else {
+            0
+        }
+    }
+}
+
+/// The attention region of `bg`, if it has exactly the form above and the block shape suits
+/// the runtime (batch items spread evenly over warps, whole 16-row groups per warp, 16-multiples elsewhere, bounded registers).
+/// `need[j]`: op j contributes to an output; `uses[t]`: the ops reading tile t.
+pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Option<FlashRegion> {
+    let nt: usize = bg.block_dim.iter().product();
+    if !nt.is_multiple_of(32) || bg.forloop_range < 1 {
+        return None;
+    }
+    let ops = &bg.ops;
+    let only = |t: STensorId, users: &[usize]| uses[t].iter().all(|u| users.contains(u));
+    let last_dim = |t: STensorId| bg.tensors[t].dims.len() - 1;
+    let lead = |t: STensorId| {
+        let d = &bg.tensors[t].dims;
+        d[..d.len().saturating_sub(2)].to_vec()
+    };
+    for (jr, rop) in ops.iter().enumerate() {
+        let BlockOpKind::ReductionMax { dim } = rop.kind else { continue };
+        if !need[jr] {
+            continue;
+        }
+        let s = rop.inputs[0];
+        let (mx, dm) = (rop.outputs[0], rop.outputs[1]);
+        if dim != last_dim(s) || bg.tensors[s].phase != Phase::Loop {
+            continue;
+        }
+        // S = matmul(Q, K)
+        let Some(js) = ops.iter().position(|o| matches!(o.kind, BlockOpKind::Matmul) && o.outputs[0] == s) else {
+            continue;
+        };
+        let (q, k) = (ops[js].inputs[0], ops[js].inputs[1]);
+        // P = exp(S - M)
+        let Some(jsub) = uses[mx]
+            .iter()
+            .copied()
+            .find(|&u| matches!(ops[u].kind, BlockOpKind::Binary { op: BinaryOp::Sub }) && ops[u].inputs == [s, mx])
+        else {
+            continue;
+        };
+        let sub = ops[jsub].outputs[0];
+        let [jexp] = uses[sub][..] else { continue };
+        if !matches!(ops[jexp].kind, BlockOpKind::Unary { op: UnaryOp::Exp }) {
+            continue;
+        }
+        let p = ops[jexp].outputs[0];
+        // a = exp(D)
+        let [jalpha] = uses[dm][..] else { continue };
+        if !matches!(ops[jalpha].kind, BlockOpKind::Unary { op: UnaryOp::Exp }) {
+            continue;
+        }
+        let alpha = ops[jalpha].outputs[0];
+        // O = accum_rescale(matmul(P, V), a)
+        let Some(jpv) =
+            uses[p].iter().copied().find(|&u| matches!(ops[u].kind, BlockOpKind::Matmul) && ops[u].inputs[0] == p)
+        else {
+            continue;
+        };
+        let (v, pv) = (ops[jpv].inputs[1], ops[jpv].outputs[0]);
+        let [jo] = uses[pv][..] else { continue };
+        if !matches!(ops[jo].kind, BlockOpKind::ForloopAccumRescale { acc: Accum::None })
+            || ops[jo].inputs != [pv, alpha]
+        {
+            continue;
+        }
+        let o = ops[jo].outputs[0];
+        // L: reduction(P) then a plain rescale, or a summing rescale of P.
+        let mut region = vec![js, jr, jsub, jexp, jalpha, jpv, jo];
+        let mut l = None;
+        let mut p_users = vec![jpv];
+        let mut ok = true;
+        for &u in &uses[p] {
+            if u == jpv {
+                continue;
+            }
+            match ops[u].kind {
+                BlockOpKind::Reduction { dim } if dim == last_dim(p) && l.is_none() => {
+                    let ls = ops[u].outputs[0];
+                    match uses[ls][..] {
+                        [ja] if matches!(ops[ja].kind, BlockOpKind::ForloopAccumRescale { acc: Accum::None })
+                            && ops[ja].inputs == [ls, alpha] =>
+                        {
+                            l = Some(ops[ja].outputs[0]);
+                            region.extend([u, ja]);
+                            p_users.push(u);
+                        }
+                        _ => ok = false,
+                    }
+                }
+                BlockOpKind::ForloopAccumRescale { acc: Accum::Sum } if ops[u].inputs == [p, alpha] && l.is_none() => {
+                    l = Some(ops[u].outputs[0]);
+                    region.push(u);
+                    p_users.push(u);
+                }
+                _ => ok = false,
+            }
+        }
+        // X = accum_max(M)
+        let mut x = None;
+        for &u in &uses[mx] {
+            if u == jsub {
+                continue;
+            }
+            if matches!(ops[u].kind, BlockOpKind::ForloopAccumMax) && x.is_none() {
+                x = Some(ops[u].outputs[0]);
+                region.push(u);
+            } else {
+                ok = false;
+            }
+        }
+        let alpha_users: Vec<usize> = region.iter().copied().filter(|&j| ops[j].inputs.contains(&alpha)).collect();
+        if !ok
+            || !only(s, &[jr, jsub])
+            || !only(alpha, &alpha_users)
+            || !only(p, &p_users)
+            || bg.tensors[q].phase != Phase::Invariant
+            || [k, v].iter().any(|&t| bg.tensors[t].phase != Phase::Loop)
+            || bg.tensors[q].dims.len() < 2
+            || ![k, v, s, o].iter().all(|&t| lead(t) == lead(q))
+        {
+            continue;
+        }
+        let (dq, dk, dvv) = (&bg.tensors[q].dims, &bg.tensors[k].dims, &bg.tensors[v].dims);
+        let r = dq.len();
+        let (m, d, n, dv) = (dq[r - 2], dq[r - 1], dk[r - 1], dvv[r - 1]);
+        if dk[r - 2] != d || dvv[r - 2] != n {
+            continue;
+        }
+        let batch: usize = lead(q).iter().product();
+        let f = FlashRegion { ops: region, q, k, v, o, l, x, batch, m, d, n, dv };
+        if !(m.is_multiple_of(16) && d.is_multiple_of(16) && n.is_multiple_of(16) && dv.is_multiple_of(16)) {
+            continue;
+        }
+        // Batch items and row groups must share evenly among warps, and the per-warp registers
+        // stay bounded.
+        if batch == 0 || !(nt / 32).is_multiple_of(batch) {
+            continue;
+        }
+        let (nw, mw) = (nt / 32 / batch, m / 16);
+        if mw > nw && !mw.is_multiple_of(nw) {
+            continue;
+        }
+        let rg = if mw > nw { mw / nw } else { 1 };
+        let nc = n / f.slices(nt);
+        if rg * (dv / 8 + nc / 8 + d / 16) * 4 > 160 {
+            continue;
+        }
+        return Some(f);
+    }
+    None
+}

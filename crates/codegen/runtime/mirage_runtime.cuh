@@ -101,12 +101,19 @@ struct MaxOp {
   static __device__ __forceinline__ float apply(float a, float b) { return fmaxf(a, b); }
 };
 
+// Reduction with `comb` over aligned groups of W lanes (a power of two <= 32); every lane of
+// a group gets the group's result. All 32 lanes of the warp must call it.
+template <int W, class Comb>
+__device__ __forceinline__ float lanes_reduce(float v, Comb comb) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) v = comb(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // Warp-wide reduction with `Op`; every lane gets the result.
 template <class Op>
 __device__ __forceinline__ float warp_reduce(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+  return lanes_reduce<32>(v, Op::apply);
 }
 
 // Block-wide reduction with `Op`; every thread gets the result. `scratch` holds 32 floats of
@@ -152,18 +159,17 @@ struct ReducePlan {
   static constexpr int TPO = LANES ? pow2_floor(cmin(cmin(NT / NOUT, 32), LEN)) : 1;
 };
 
-// Reduces a [OUTER, LEN, INNER] index space over LEN by the whole block (every thread must
-// call it: it may contain barriers). load(i) returns element i (row-major over
-// [OUTER, LEN, INNER]) as float; store(o, v) receives output o (row-major over [OUTER, INNER]).
-// IS_MAX picks max over sum. Threads of one output read consecutive elements, each starting
-// at a rotated position so that rows a multiple of 32 words apart do not share banks.
-template <int NT, int OUTER, int LEN, int INNER, bool IS_MAX, class Load, class Store>
-__device__ __forceinline__ void reduce(Load load, Store store) {
-  constexpr int NOUT = OUTER * INNER;
+// Reduces a [NOUT / INNER, LEN, INNER] index space over LEN by the whole block with `comb`
+// from `init` (every thread must call it: it may contain barriers), sharing outputs as
+// `ReducePlan` says. map(i) gives element i (row-major) as float. Every thread that shares
+// output o then gets done(o, total, first, step): its own slice of the reduced dim is
+// first, first + step, ... < LEN, and exactly one of them has first == 0. Threads of one output
+// read consecutive elements, each starting at a rotated position so that rows a multiple of
+// 32 words apart do not share banks.
+template <int NT, int NOUT, int LEN, int INNER, class Map, class Comb, class Done>
+__device__ __forceinline__ void share_reduce(float init, Map map, Comb comb, Done done) {
   using Plan = ReducePlan<NT, NOUT, LEN>;
   const int t = lin_tid();
-  auto comb = [](float a, float b) { return IS_MAX ? fmaxf(a, b) : a + b; };
-  const float init = IS_MAX ? neg_inf() : 0.0f;
   if constexpr (Plan::WARPS) {
     constexpr int WPO = Plan::WPO;
     __shared__ float part[Plan::NW];
@@ -171,16 +177,16 @@ __device__ __forceinline__ void reduce(Load load, Store store) {
     float acc = init;
     if (o < NOUT) {
       const int base = (o / INNER) * LEN * INNER + o % INNER;
-      for (int l = j * 32 + lane; l < LEN; l += WPO * 32) acc = comb(acc, load(base + l * INNER));
+      for (int l = j * 32 + lane; l < LEN; l += WPO * 32) acc = comb(acc, map(base + l * INNER));
     }
-    acc = IS_MAX ? warp_max(acc) : warp_sum(acc);
+    acc = lanes_reduce<32>(acc, comb);
     if (lane == 0) part[w] = acc;
     __syncthreads();
-    if (t < NOUT) {
-      float v = part[t * WPO];
+    if (o < NOUT) {
+      float v = part[o * WPO];
 #pragma unroll
-      for (int k = 1; k < WPO; ++k) v = comb(v, part[t * WPO + k]);
-      store(t, v);
+      for (int k = 1; k < WPO; ++k) v = comb(v, part[o * WPO + k]);
+      done(o, v, j * 32 + lane, WPO * 32);
     }
     __syncthreads();
   } else if constexpr (Plan::LANES) {
@@ -195,13 +201,12 @@ __device__ __forceinline__ void reduce(Load load, Store store) {
 #pragma unroll 4
         for (int c = 0; c < CNT; ++c) {
           const int l = j + TPO * i;
-          if (CNT * TPO == LEN || l < LEN) acc = comb(acc, load(base + l * INNER));
+          if (CNT * TPO == LEN || l < LEN) acc = comb(acc, map(base + l * INNER));
           if (++i == CNT) i = 0;
         }
       }
-#pragma unroll
-      for (int off = TPO / 2; off > 0; off >>= 1) acc = comb(acc, __shfl_xor_sync(0xffffffffu, acc, off));
-      if (o < NOUT && j == 0) store(o, acc);
+      acc = lanes_reduce<TPO>(acc, comb);
+      if (o < NOUT) done(o, acc, j, TPO);
     }
   } else {
     for (int o = t; o < NOUT; o += NT) {
@@ -209,79 +214,42 @@ __device__ __forceinline__ void reduce(Load load, Store store) {
       int l = INNER == 1 ? o % LEN : 0;
       float acc = init;
       for (int c = 0; c < LEN; ++c) {
-        acc = comb(acc, load(base + l * INNER));
+        acc = comb(acc, map(base + l * INNER));
         if (++l == LEN) l = 0;
       }
-      store(o, acc);
+      done(o, acc, 0, 1);
     }
   }
 }
 
+// Reduces a [OUTER, LEN, INNER] index space over LEN by the whole block (every thread must
+// call it). load(i) returns element i (row-major over [OUTER, LEN, INNER]) as float;
+// store(o, v) receives output o (row-major over [OUTER, INNER]) once. IS_MAX picks max over sum.
+template <int NT, int OUTER, int LEN, int INNER, bool IS_MAX, class Load, class Store>
+__device__ __forceinline__ void reduce(Load load, Store store) {
+  share_reduce<NT, OUTER * INNER, LEN, INNER>(
+      IS_MAX ? neg_inf() : 0.0f, load, [](float a, float b) { return IS_MAX ? fmaxf(a, b) : a + b; },
+      [&](int o, float v, int first, int) {
+        if (first == 0) store(o, v);
+      });
+}
+
 // RMS normalisation of ROWS rows of length LEN: store(i, x_i / sqrt(mean(x^2))) for every
 // element i (row-major over [ROWS, LEN]); load(i) returns element i as float. Threads share
-// rows as in `reduce` (every thread must call it).
+// rows as in `reduce` (every thread must call it) and each normalises its own slice.
 template <int NT, int ROWS, int LEN, class Load, class Store>
 __device__ __forceinline__ void rms_norm_rows(Load load, Store store) {
-  using Plan = ReducePlan<NT, ROWS, LEN>;
-  const int t = lin_tid();
-  if constexpr (Plan::WARPS) {
-    constexpr int WPO = Plan::WPO;
-    __shared__ float part[Plan::NW];
-    const int w = t >> 5, lane = t & 31, r = w / WPO, j = w % WPO;
-    float ss = 0.0f;
-    if (r < ROWS) {
-      for (int l = j * 32 + lane; l < LEN; l += WPO * 32) {
-        const float x = load(r * LEN + l);
-        ss += x * x;
-      }
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) part[w] = ss;
-    __syncthreads();
-    if (r < ROWS) {
-      float tot = 0.0f;
-#pragma unroll
-      for (int k = 0; k < WPO; ++k) tot += part[r * WPO + k];
-      const float rms = sqrtf(tot / (float)LEN);
-      for (int l = j * 32 + lane; l < LEN; l += WPO * 32) store(r * LEN + l, load(r * LEN + l) / rms);
-    }
-    __syncthreads();
-  } else if constexpr (Plan::LANES) {
-    constexpr int TPO = Plan::TPO, CNT = (LEN + TPO - 1) / TPO;
-    const int g = t / TPO, j = t % TPO;
-    for (int r0 = 0; r0 < ROWS; r0 += NT / TPO) {
-      const int r = r0 + g;
-      float ss = 0.0f;
-      if (r < ROWS) {
-        int i = r % CNT;
-#pragma unroll 4
-        for (int c = 0; c < CNT; ++c) {
-          const int l = j + TPO * i;
-          if (CNT * TPO == LEN || l < LEN) {
-            const float x = load(r * LEN + l);
-            ss += x * x;
-          }
-          if (++i == CNT) i = 0;
-        }
-      }
-#pragma unroll
-      for (int off = TPO / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-      if (r < ROWS) {
+  share_reduce<NT, ROWS, LEN, 1>(
+      0.0f,
+      [&](int i) {
+        const float x = load(i);
+        return x * x;
+      },
+      [](float a, float b) { return a + b; },
+      [&](int r, float ss, int first, int step) {
         const float rms = sqrtf(ss / (float)LEN);
-        for (int l = j; l < LEN; l += TPO) store(r * LEN + l, load(r * LEN + l) / rms);
-      }
-    }
-  } else {
-    for (int r = t; r < ROWS; r += NT) {
-      float ss = 0.0f;
-      for (int l = 0; l < LEN; ++l) {
-        const float x = load(r * LEN + l);
-        ss += x * x;
-      }
-      const float rms = sqrtf(ss / (float)LEN);
-      for (int l = 0; l < LEN; ++l) store(r * LEN + l, load(r * LEN + l) / rms);
-    }
-  }
+        for (int l = first; l < LEN; l += step) store(r * LEN + l, load(r * LEN + l) / rms);
+      });
 }
 
 // -------------------------------------------------------------- tile matmul
@@ -729,28 +697,32 @@ struct Flash {
       }
       __syncthreads();
       // Row `row` of batch item b, slice k, sits at scratch[((b * KS + k) * M + row) * P].
+      // Per row, once: the running max over slices, L and X, and each slice's weight
+      // exp(m_k - max), which replaces m_k in the scratch for the O pass.
+      for (int br = lin_tid(); br < BATCH * M; br += NT) {
+        const int b = br / M, row = br - b * M;
+        float* sr = scratch + (b * KS * M + row) * P;
+        float mm = neg_inf();
+#pragma unroll
+        for (int k = 0; k < KS; ++k) mm = fmaxf(mm, sr[k * M * P + DV]);
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KS; ++k) {
+          const float wk = __expf(sr[k * M * P + DV] - mm);
+          sr[k * M * P + DV] = wk;
+          acc += sr[k * M * P + DV + 1] * wk;
+        }
+        if (L) L[br] = acc;
+        if (X) X[br] = mm;
+      }
+      __syncthreads();
       for (int i = lin_tid(); i < BATCH * M * DV; i += NT) {
         const int br = i / DV, c = i - br * DV, b = br / M, row = br - b * M;
         const float* sr = scratch + (b * KS * M + row) * P;
-        float mm = neg_inf();
-#pragma unroll
-        for (int k = 0; k < KS; ++k) mm = fmaxf(mm, sr[k * M * P + DV]);
         float acc = 0.0f;
 #pragma unroll
-        for (int k = 0; k < KS; ++k) acc += sr[k * M * P + c] * __expf(sr[k * M * P + DV] - mm);
+        for (int k = 0; k < KS; ++k) acc += sr[k * M * P + c] * sr[k * M * P + DV];
         O[i] = acc;
-      }
-      for (int br = lin_tid(); br < BATCH * M; br += NT) {
-        const int b = br / M, row = br - b * M;
-        const float* sr = scratch + (b * KS * M + row) * P;
-        float mm = neg_inf();
-#pragma unroll
-        for (int k = 0; k < KS; ++k) mm = fmaxf(mm, sr[k * M * P + DV]);
-        float acc = 0.0f;
-#pragma unroll
-        for (int k = 0; k < KS; ++k) acc += sr[k * M * P + DV + 1] * __expf(sr[k * M * P + DV] - mm);
-        if (L) L[br] = acc;
-        if (X) X[br] = mm;
       }
       __syncthreads();
     }

@@ -92,8 +92,8 @@ struct Ctx<'a> {
     layout: Vec<Option<Layout>>,
     /// Pipeline stages of the loop's staged input tiles.
     stages: usize,
-    /// The register-resident attention region, its key slices and its combine scratch offset.
-    flash: Option<(FlashRegion, usize, Option<usize>)>,
+    /// The register-resident attention region and its combine scratch offset.
+    flash: Option<(FlashRegion, Option<usize>)>,
 }
 
 /// How an input tile sits in shared memory.
@@ -528,10 +528,10 @@ fn emit_with(
         })
         .collect();
 
+    // The combine scratch is the last buffer `plan` pushed.
     let flash = fr.map(|f| {
-        let ks = f.slices(nt);
         let off = (f.combine_bytes(nt) > 0).then(|| buffers.last().map_or(0, |b| b.offset));
-        (f, ks, off)
+        (f, off)
     });
     let ctx = Ctx { bg, ins, outs, groups, nt, storage, streamed, input_ops, layout, stages, flash };
     // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.
@@ -725,7 +725,7 @@ impl Ctx<'_> {
         if let Some(off) = scratch {
             wl!(s, "  float* const mi_scratch = reinterpret_cast<float*>(mi_smem + {off}); // matmul split-K");
         }
-        if let Some((_, _, Some(off))) = &self.flash {
+        if let Some((_, Some(off))) = &self.flash {
             wl!(s, "  float* const mi_fa = reinterpret_cast<float*>(mi_smem + {off}); // attention slice combine");
         }
         // Byte range of each materialised tile (staged tiles: all stages).
@@ -757,7 +757,8 @@ impl Ctx<'_> {
         let mut in_loop = false;
         for (pos, (sec, step)) in steps.iter().enumerate() {
             if *sec == Section::Loop && !in_loop {
-                if let Some((f, ks, _)) = &self.flash {
+                if let Some((f, _)) = &self.flash {
+                    let ks = f.slices(self.nt);
                     let ld = |t: STensorId| self.layout[t].map_or(self.dims(t)[self.dims(t).len() - 1], |l| l.ld);
                     let ty = self.storage[f.k].map_or("float", Storage::cty);
                     let tq = self.storage[f.q].map_or("float", Storage::cty);
@@ -913,11 +914,11 @@ impl Ctx<'_> {
         match step {
             Step::Load { .. } => return unsupported("internal error: loads are emitted by the kernel schedule"),
             Step::Flash => {
-                let Some((f, _, _)) = &self.flash else { return unsupported("internal error: no attention region") };
+                let Some((f, _)) = &self.flash else { return unsupported("internal error: no attention region") };
                 wl!(s, "fa.step({}, {}, {}, it == 0);", self.tile(f.q), self.tile(f.k), self.tile(f.v));
             }
             Step::FlashEnd => {
-                let Some((f, _, off)) = &self.flash else { return unsupported("internal error: no attention region") };
+                let Some((f, off)) = &self.flash else { return unsupported("internal error: no attention region") };
                 let opt = |t: Option<STensorId>| t.map_or("nullptr".to_string(), |t| self.tile(t));
                 wl!(
                     s,

@@ -54,14 +54,23 @@ impl FlashRegion {
     /// per warp, the rest slice the keys in multiples of 16.
     pub fn slices(&self, nt: usize) -> usize {
         let nw = nt / 32 / self.batch;
-        let mw = self.m / 16;
-        let rg = if mw > nw { mw / nw } else { 1 };
-        let wr = mw / rg;
+        let wr = self.m / 16 / self.groups_per_warp(nt);
         let mut ks = (nw / wr).max(1);
         while ks > 1 && !self.n.is_multiple_of(ks * 16) {
             ks -= 1;
         }
         ks
+    }
+
+    /// Row groups (16 rows each) per warp (`RG` of `mi::Flash`): one, unless there are more
+    /// groups than warps per batch item.
+    pub fn groups_per_warp(&self, nt: usize) -> usize {
+        let (nw, mw) = (nt / 32 / self.batch, self.m / 16);
+        if mw > nw {
+            mw / nw
+        } else {
+            1
+        }
     }
 
     /// Bytes of shared memory `finish` needs to combine the slices (0 for one slice).
@@ -215,9 +224,8 @@ pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Optio
         if mw > nw && !mw.is_multiple_of(nw) {
             continue;
         }
-        let rg = if mw > nw { mw / nw } else { 1 };
         let nc = n / f.slices(nt);
-        if rg * (dv / 8 + nc / 8 + d / 16) * 4 > 160 {
+        if f.groups_per_warp(nt) * (dv / 8 + nc / 8 + d / 16) * 4 > 160 {
             continue;
         }
         return Some(f);

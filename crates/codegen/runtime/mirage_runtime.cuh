@@ -28,6 +28,9 @@ __device__ __forceinline__ int lin_tid() {
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(f16 x) { return __half2float(x); }
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+// Two adjacent 16-bit values (4-byte aligned) as floats, in one conversion.
+__device__ __forceinline__ float2 to_f32x2(const f16& a, const f16&) { return __half22float2(*reinterpret_cast<const __half2*>(&a)); }
+__device__ __forceinline__ float2 to_f32x2(const bf16& a, const bf16&) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&a)); }
 
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
@@ -35,13 +38,15 @@ template <> __device__ __forceinline__ f16 from_f32<f16>(float x) { return __flo
 template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
 
 // ------------------------------------------------------------ tile copies
-// Shared-memory index of element i of a tile stored with rows of INNER elements padded to LD.
+// Shared-memory index of element i (>= 0) of a tile stored with rows of INNER elements padded
+// to LD. Unsigned arithmetic: a power-of-two INNER becomes a shift and a mask.
 template <int INNER, int LD>
 __device__ __forceinline__ int pidx(int i) {
   if constexpr (INNER == LD) {
     return i;
   } else {
-    return i / INNER * LD + i % INNER;
+    const unsigned u = static_cast<unsigned>(i);
+    return static_cast<int>(u / INNER * LD + u % INNER);
   }
 }
 
@@ -219,6 +224,40 @@ __device__ __forceinline__ void share_reduce(float init, Map map, Comb comb, Don
       }
       done(o, acc, 0, 1);
     }
+  }
+}
+
+// Row sums of map(x) over a [ROWS, LEN] tile of 16-bit values T in shared memory (row pitch LD
+// elements; LEN and LD multiples of 8, rows 16-byte aligned), read 16 bytes at a time: TPO
+// lanes share a row (shuffles, no barrier) and store(r, v) gets row r's total once. Every
+// thread must call it. This is `reduce` for the common case of a staged fp16/bf16 tile, without
+// per-element index arithmetic.
+template <int NT, int ROWS, int LEN, int LD, class T, class Map, class Store>
+__device__ __forceinline__ void row_sums_vec(const T* tile, Map map, Store store) {
+  static_assert(LEN % 8 == 0 && LD % 8 == 0 && sizeof(T) == 2, "16-byte rows of 16-bit values");
+  constexpr int V = LEN / 8;
+  constexpr int TPO = pow2_floor(cmin(cmin(NT / ROWS > 0 ? NT / ROWS : 1, 32), V));
+  const int t = lin_tid();
+  const int g = t / TPO, j = t % TPO;
+  for (int r0 = 0; r0 < ROWS; r0 += NT / TPO) {
+    const int r = r0 + g;
+    float acc = 0.0f;
+    if (r < ROWS) {
+      const T* row = tile + r * LD;
+#pragma unroll 4
+      for (int c = j; c < V; c += TPO) {
+        const uint4 u = *reinterpret_cast<const uint4*>(row + c * 8);
+        const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+          const float2 f = to_f32x2(h[e], h[e + 1]);
+          acc += map(f.x);
+          acc += map(f.y);
+        }
+      }
+    }
+    acc = lanes_reduce<TPO>(acc, [](float a, float b) { return a + b; });
+    if (r < ROWS && j == 0) store(r, acc);
   }
 }
 
@@ -471,6 +510,103 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
     __syncthreads();
   }
 }
+
+// A loop matmul whose product only feeds a plain for-loop sum, C = sum over iterations of A B,
+// accumulated in registers: warp w keeps fragments gi, gi + G, ... of C (gi = w % G) over the
+// k-steps s = slice, slice + KS, ... of every iteration (slice = w / G, G = NW / KS warp groups),
+// so an iteration has no barrier and no shared-memory traffic for C. `finish` adds the KS slices
+// into C once, after the loop. A and B: 16-bit tiles in shared memory, K % 16 == 0, N % 8 == 0,
+// LDB a multiple of 8 (ldmatrix rows); A rows past M read as zero.
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T>
+struct MmaAcc {
+  static constexpr int NW = NT / 32, MT = (M + 15) / 16, N8 = N / 8, KSTEPS = K / 16;
+  static constexpr int FR = BATCH * MT * N8;
+  static_assert(K % 16 == 0 && N % 8 == 0 && LDB % 8 == 0 && LDA % 2 == 0, "MmaAcc tile shape");
+  // K slices: the most (a power of two dividing NW, at most KSTEPS) that keep every warp at
+  // <= 16 fragments (64 registers).
+  __host__ __device__ static constexpr int pick_ks() {
+    int ks = 1;
+    while (NW % (ks * 2) == 0 && ks * 2 <= KSTEPS && (FR + NW / (ks * 2) - 1) / (NW / (ks * 2)) <= 16) ks *= 2;
+    return ks;
+  }
+  static constexpr int KS = pick_ks(), G = NW / KS, FPW = (FR + G - 1) / G;
+  static constexpr bool A_LDSM = M % 16 == 0 && LDA % 8 == 0;
+  float d[FPW][4];
+
+  __device__ __forceinline__ MmaAcc() {
+#pragma unroll
+    for (int j = 0; j < FPW; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
+  }
+
+  // One iteration: adds this warp's share of A B.
+  __device__ __forceinline__ void step(const T* A, const T* B) {
+    const int t = lin_tid(), w = t >> 5, lane = t & 31;
+    const int gi = w % G, slice = w / G;
+    const int g = lane >> 2, q = lane & 3;
+    for (int s = slice; s < KSTEPS; s += KS) {
+      const int k0 = s * 16;
+      unsigned a[4];
+      int am = -1;
+#pragma unroll
+      for (int j = 0; j < FPW; ++j) {
+        const int f = gi + j * G;
+        if (FR % G == 0 || f < FR) {
+          const int bm = f / N8, n8 = f % N8;  // bm = b * MT + mt
+          const int b = bm / MT, mt = bm % MT;
+          if (bm != am) {
+            am = bm;
+            const T* Ab = A + b * M * LDA;
+            if constexpr (A_LDSM) {
+              ldsm_x4(a, Ab + (mt * 16 + (lane & 15)) * LDA + k0 + (lane >> 4) * 8);
+            } else {
+              const int r0 = mt * 16 + g, r1 = r0 + 8, ka = k0 + q * 2, kb = ka + 8;
+              a[0] = r0 < M ? *reinterpret_cast<const unsigned*>(Ab + r0 * LDA + ka) : 0u;
+              a[1] = r1 < M ? *reinterpret_cast<const unsigned*>(Ab + r1 * LDA + ka) : 0u;
+              a[2] = r0 < M ? *reinterpret_cast<const unsigned*>(Ab + r0 * LDA + kb) : 0u;
+              a[3] = r1 < M ? *reinterpret_cast<const unsigned*>(Ab + r1 * LDA + kb) : 0u;
+            }
+          }
+          unsigned bb[2];
+          ldsm_x2_trans(bb, B + b * K * LDB + (k0 + (lane & 15)) * LDB + n8 * 8);
+          mma_16816<T>(d[j], a, bb);
+        }
+      }
+    }
+  }
+
+  // After the loop: epi(c, v, first) for every element c = (b * M + m) * N + n of C, slice by
+  // slice (first: the first slice, which stores; the others add). Contains KS barriers: call
+  // from every thread.
+  template <class Epi>
+  __device__ __forceinline__ void finish(Epi epi) {
+    const int t = lin_tid(), w = t >> 5, lane = t & 31;
+    const int gi = w % G, slice = w / G;
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll 1
+    for (int s = 0; s < KS; ++s) {
+      if (slice == s) {
+#pragma unroll
+        for (int j = 0; j < FPW; ++j) {
+          const int f = gi + j * G;
+          if (FR % G == 0 || f < FR) {
+            const int bm = f / N8, n8 = f % N8;
+            const int b = bm / MT, mt = bm % MT;
+            const int r0 = mt * 16 + g, r1 = r0 + 8, c0 = n8 * 8 + q * 2;
+            if (r0 < M) {
+              epi((b * M + r0) * N + c0, d[j][0], s == 0);
+              epi((b * M + r0) * N + c0 + 1, d[j][1], s == 0);
+            }
+            if (r1 < M) {
+              epi((b * M + r1) * N + c0, d[j][2], s == 0);
+              epi((b * M + r1) * N + c0 + 1, d[j][3], s == 0);
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+};
 
 // CUDA-core path: a thread per output element, fp32 fused multiply-adds.
 template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename TA, typename TB, class Epi>

@@ -57,6 +57,10 @@ enum Step {
     Flash,
     /// The region's accumulator tiles, written once after the loop.
     FlashEnd,
+    /// One iteration of a loop matmul summed in registers (`mi::MmaAcc`) for accumulator `acc`.
+    MatAcc { op: usize, acc: usize },
+    /// That accumulator's tile, written once after the loop.
+    MatAccEnd { op: usize, acc: usize },
 }
 
 /// A shared-memory buffer: size, live interval over step positions, byte offset.
@@ -199,6 +203,27 @@ fn emit_with(
             fused_from[c] = Some(j);
         }
     }
+    // Of those, plain sums of a 16-bit tensor-core matmul of two loaded tiles keep their sum in
+    // registers across iterations (`mi::MmaAcc`).
+    let loaded = |t: STensorId| {
+        (0..n_ops)
+            .find(|&j| bg.ops[j].outputs.first() == Some(&t))
+            .and_then(|j| input_ops.iter().position(|&i| i == j).map(|k| ins[k].storage))
+    };
+    let reg_acc = |m: usize, c: usize| -> bool {
+        let (a, b) = (bg.ops[m].inputs[0], bg.ops[m].inputs[1]);
+        let (da, db) = (&bg.tensors[a].dims, &bg.tensors[b].dims);
+        let r = da.len();
+        let (sa, sb) = (loaded(a), loaded(b));
+        matches!(bg.ops[c].kind, BlockOpKind::ForloopAccum { acc: Accum::None })
+            && matches!(sa, Some(Storage::F16 | Storage::BF16))
+            && sa == sb
+            && r >= 2
+            && db.len() == r
+            && da[..r - 2] == db[..r - 2]
+            && da[r - 1] % 16 == 0
+            && db[r - 1] % 8 == 0
+    };
 
     // Steps, by section, in op order.
     let mut steps: Vec<(Section, Step)> = Vec::new();
@@ -252,6 +277,10 @@ fn emit_with(
             | BlockOpKind::ForloopAccumRescale { .. }
             | BlockOpKind::ForloopAccumMax => {
                 match fused_from[j] {
+                    Some(m) if reg_acc(m, j) => {
+                        steps.push((Section::Loop, Step::MatAcc { op: m, acc: j }));
+                        steps.push((Section::Post, Step::MatAccEnd { op: m, acc: j }));
+                    }
                     Some(m) => steps.push((Section::Loop, Step::Matmul { op: m, acc: Some(j) })),
                     None => steps.push((Section::Loop, Step::Accum { op: j })),
                 }
@@ -261,7 +290,8 @@ fn emit_with(
             }
         }
     }
-    steps.sort_by_key(|(s, _)| *s); // stable: op order within each section
+    // Stable by section (op order within each); register accumulators are written out first.
+    steps.sort_by_key(|&(s, st)| (s, !matches!(st, Step::MatAccEnd { .. })));
     if fr.is_some() {
         let at = steps.iter().position(|(s, _)| *s == Section::Post).unwrap_or(steps.len());
         steps.insert(at, (Section::Post, Step::FlashEnd));
@@ -300,6 +330,8 @@ fn emit_with(
                 w.extend(f.x);
                 (w, vec![], false)
             }),
+            Step::MatAcc { op, .. } => (vec![], bg.ops[op].inputs.clone(), false),
+            Step::MatAccEnd { acc, .. } => (vec![bg.ops[acc].outputs[0]], vec![], false),
         }
     };
 
@@ -312,7 +344,7 @@ fn emit_with(
             let t = bg.ops[op].outputs[0];
             let readers: Vec<Step> =
                 steps.iter().filter(|&&(sec, st)| rw(sec, st).1.contains(&t)).map(|&(_, st)| st).collect();
-            if readers.len() == 1 && !matches!(readers[0], Step::Matmul { .. } | Step::Flash) {
+            if readers.len() == 1 && !matches!(readers[0], Step::Matmul { .. } | Step::MatAcc { .. } | Step::Flash) {
                 streamed[t] = Some(k);
             }
         }
@@ -620,6 +652,31 @@ impl Ctx<'_> {
         }
     }
 
+    /// Row pitch and element type of tile `t` when it is a staged 16-bit tile whose rows can be
+    /// read 16 bytes at a time (`mi::row_sums_vec`).
+    fn vec_rows(&self, t: STensorId) -> Option<(usize, &'static str)> {
+        let l = self.layout[t]?;
+        let st = self.storage[t]?;
+        let ok = self.streamed[t].is_none()
+            && st != Storage::F32
+            && l.inner == *self.dims(t).last()?
+            && l.inner % 8 == 0
+            && l.ld % 8 == 0;
+        ok.then(|| (l.ld, st.cty()))
+    }
+
+    /// The `mi::MmaAcc` type of loop matmul `op` (operands: loaded 16-bit tiles).
+    fn mma_acc_type(&self, op: usize) -> String {
+        let (a, b) = (self.bg.ops[op].inputs[0], self.bg.ops[op].inputs[1]);
+        let (da, db) = (self.dims(a), self.dims(b));
+        let r = da.len();
+        let (m, kk, n) = (da[r - 2], da[r - 1], db[r - 1]);
+        let lda = self.layout[a].map_or(kk, |l| l.ld);
+        let ldb = self.layout[b].map_or(n, |l| l.ld);
+        let ty = self.storage[a].map_or("mi::f16", Storage::cty);
+        format!("mi::MmaAcc<NT, {}, {m}, {n}, {kk}, {lda}, {ldb}, {ty}>", numel(&da[..r - 2]))
+    }
+
     /// Shared-memory element `idx` (row-major over the tile's dims) of tile `t`, through its
     /// row padding if it has any.
     fn at(&self, t: STensorId, idx: &str) -> String {
@@ -654,9 +711,19 @@ impl Ctx<'_> {
         );
         if l.vector {
             let vec = 16 / dev.storage.size_bytes();
+            let chunks = n / vec;
             wl!(s, "  if (mi::aligned16(in{k})) {{");
-            wl!(s, "    for (int c = tid; c < {}; c += NT) {{", n / vec);
-            wl!(s, "      const int i = c * {vec};");
+            // Unsigned indices (shifts and masks for power-of-two rows); a whole number of chunks
+            // per thread unrolls with the addresses hoisted out of the loop.
+            let nt: usize = self.bg.block_dim.iter().product();
+            if chunks.is_multiple_of(nt) {
+                wl!(s, "#pragma unroll");
+                wl!(s, "    for (int u = 0; u < {}; ++u) {{", chunks / nt);
+                wl!(s, "      const unsigned i = (unsigned)(tid + u * NT) * {vec}u;");
+            } else {
+                wl!(s, "    for (int c = tid; c < {chunks}; c += NT) {{");
+                wl!(s, "      const unsigned i = (unsigned)c * {vec}u;");
+            }
             wl!(
                 s,
                 "      mi::cp_async16({dst} + mi::pidx<{}, {}>(i), in{k} + base + {});",
@@ -757,6 +824,11 @@ impl Ctx<'_> {
         let mut in_loop = false;
         for (pos, (sec, step)) in steps.iter().enumerate() {
             if *sec == Section::Loop && !in_loop {
+                for (_, st) in steps {
+                    if let Step::MatAcc { op, acc } = *st {
+                        wl!(s, "  {} mm{acc};", self.mma_acc_type(op));
+                    }
+                }
                 if let Some((f, _)) = &self.flash {
                     let ks = f.slices(self.nt);
                     let ld = |t: STensorId| self.layout[t].map_or(self.dims(t)[self.dims(t).len() - 1], |l| l.ld);
@@ -913,6 +985,15 @@ impl Ctx<'_> {
         let mut s = String::new();
         match step {
             Step::Load { .. } => return unsupported("internal error: loads are emitted by the kernel schedule"),
+            Step::MatAcc { op, acc } => {
+                let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
+                wl!(s, "mm{acc}.step({}, {});", self.tile(a), self.tile(b));
+            }
+            Step::MatAccEnd { acc, .. } => {
+                let o = bg.ops[acc].outputs[0];
+                let c = self.at(o, "c");
+                wl!(s, "mm{acc}.finish([&](int c, float v, bool first) {{ {c} = first ? v : {c} + v; }});");
+            }
             Step::Flash => {
                 let Some((f, _)) = &self.flash else { return unsupported("internal error: no attention region") };
                 wl!(s, "fa.step({}, {}, {}, it == 0);", self.tile(f.q), self.tile(f.k), self.tile(f.v));
@@ -1011,6 +1092,18 @@ impl Ctx<'_> {
                 };
                 let (x, o) = (bg.ops[op].inputs[0], bg.ops[op].outputs[0]);
                 let d = self.dims(x);
+                if let (true, Some((ld, cty))) = (dim + 1 == d.len(), self.vec_rows(x)) {
+                    wl!(
+                        s,
+                        "mi::row_sums_vec<{nt}, {}, {}, {ld}>(static_cast<const {cty}*>({}), [](float x) {{ return x; }}, [&](int o, float v) {{ {} = {}; }});",
+                        numel(&d[..dim]),
+                        d[dim],
+                        self.tile(x),
+                        self.at(o, "o"),
+                        self.conv(o, "v")
+                    );
+                    return Ok(s);
+                }
                 wl!(
                     s,
                     "mi::reduce<{nt}, {}, {}, {}, false>([&](int i) {{ return {}; }}, [&](int o, float v) {{ {} = {}; }});",
@@ -1134,6 +1227,16 @@ impl Ctx<'_> {
                         } else {
                             (dx[last], 1)
                         };
+                        if let (1, Some((ld, cty))) = (inner, self.vec_rows(x)) {
+                            let map = if acc == Accum::Rms { "x * x" } else { "x" };
+                            wl!(
+                                s,
+                                "mi::row_sums_vec<{nt}, {rows}, {len}, {ld}>(static_cast<const {cty}*>({}), [](float x) {{ return {map}; }}, [&](int o, float v) {{ {} }});",
+                                self.tile(x),
+                                combine("o", "v")
+                            );
+                            return Ok(s);
+                        }
                         let load = if acc == Accum::Rms {
                             format!("const float x = {}; return x * x;", self.read(x, "i"))
                         } else {

@@ -71,11 +71,11 @@ CONFIG_KEYS: dict[str, type] = {
 
 _BACKENDS = ("cuda", "cpu")
 #: Candidates verified and timed when a GPU profiles them (the cost model's best).
-_GPU_TOP_N = 24
+_GPU_TOP_N = 32
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3
 #: Candidates compiled and timed on a GPU.
-PROFILE_TOP_N = 24
+PROFILE_TOP_N = 32
 
 
 class SearchError(RuntimeError):

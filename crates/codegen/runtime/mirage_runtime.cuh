@@ -291,6 +291,53 @@ __device__ __forceinline__ void rms_norm_rows(Load load, Store store) {
       });
 }
 
+// RMS normalisation of ROWS rows of LEN 16-bit values T from `in` (row pitch LDI) to `out`
+// (row pitch LDO), 16 bytes at a time: TPO lanes share a row (shuffles, no barrier), each keeps
+// its CNT vectors in registers between the sum of squares and the scaled store. LEN, LDI and
+// LDO are multiples of 8; rows 16-byte aligned. Every thread must call it.
+template <int NT, int ROWS, int LEN, int LDI, int LDO, class T>
+__device__ __forceinline__ void rms_norm_rows_vec(const T* in, T* out) {
+  static_assert(LEN % 8 == 0 && LDI % 8 == 0 && LDO % 8 == 0 && sizeof(T) == 2, "16-byte rows of 16-bit values");
+  constexpr int V = LEN / 8;
+  constexpr int TPO = pow2_floor(cmin(32, V));
+  constexpr int CNT = (V + TPO - 1) / TPO;
+  const int t = lin_tid();
+  const int g = t / TPO, j = t % TPO;
+  for (int r0 = 0; r0 < ROWS; r0 += NT / TPO) {
+    const int r = r0 + g;
+    uint4 u[CNT];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CNT; ++c) {
+      const int v = j + c * TPO;
+      if (r < ROWS && (V % TPO == 0 || v < V)) {
+        u[c] = *reinterpret_cast<const uint4*>(in + r * LDI + v * 8);
+        const T* h = reinterpret_cast<const T*>(&u[c]);
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+          const float2 f = to_f32x2(h[e], h[e + 1]);
+          ss += f.x * f.x;
+          ss += f.y * f.y;
+        }
+      }
+    }
+    ss = lanes_reduce<TPO>(ss, [](float a, float b) { return a + b; });
+    const float rms = sqrtf(ss / (float)LEN);
+#pragma unroll
+    for (int c = 0; c < CNT; ++c) {
+      const int v = j + c * TPO;
+      if (r < ROWS && (V % TPO == 0 || v < V)) {
+        uint4 o;
+        const T* h = reinterpret_cast<const T*>(&u[c]);
+        T* w = reinterpret_cast<T*>(&o);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) w[e] = from_f32<T>(to_f32(h[e]) / rms);
+        *reinterpret_cast<uint4*>(out + r * LDO + v * 8) = o;
+      }
+    }
+  }
+}
+
 // -------------------------------------------------------------- tile matmul
 // C[b][m][n] = sum_k A[b][m][k] * B[b][k][n] over BATCH x M x N x K tiles in shared memory
 // (row-major, storage types TA and TB), accumulated in fp32. The result of output element

@@ -1142,6 +1142,20 @@ impl Ctx<'_> {
                 let (x, o) = (bg.ops[op].inputs[0], bg.ops[op].outputs[0]);
                 let d = self.dims(x);
                 let len = d[d.len() - 1];
+                // A staged 16-bit tile into a 16-bit tile: whole rows in registers, 16 bytes a time.
+                let ldo = self.layout[o].map_or(len, |l| l.ld);
+                if let Some((ldi, cty)) = self.vec_rows(x) {
+                    if self.storage[o] == self.storage[x] && ldo.is_multiple_of(8) && len / 8 <= 16 * 32 {
+                        wl!(
+                            s,
+                            "mi::rms_norm_rows_vec<{nt}, {}, {len}, {ldi}, {ldo}, {cty}>({}, {});",
+                            numel(d) / len,
+                            self.tile(x),
+                            self.tile(o)
+                        );
+                        return Ok(s);
+                    }
+                }
                 wl!(
                     s,
                     "mi::rms_norm_rows<{nt}, {}, {len}>([&](int i) {{ return {}; }}, [&](int i, float v) {{ {} = {}; }});",

@@ -46,7 +46,22 @@ fn tensor_core_operands_are_padded_against_bank_conflicts() {
     let src = kernel_source(&pair.ugraph);
     // W tile [256, 64] fp16: rows of 128 bytes get 16 bytes of padding (pitch 72 elements).
     assert!(src.contains("mi::pidx<64, 72>"), "{src}");
-    assert!(src.contains(", 264, 72>(t0, t1"), "the matmul reads A and B with pitches 264 and 72: {src}");
+    assert!(src.contains(", 264, 72, mi::f16> mm"), "the matmul reads A and B with pitches 264 and 72: {src}");
+}
+
+#[test]
+fn loop_matmul_sums_stay_in_registers() {
+    // RMSNorm + Linear: X W summed over the loop is a register accumulator: each iteration only
+    // adds this warp's k-steps (no split-K scratch, no barrier); the sum is written after the loop.
+    let pair = zoo::rmsnorm_linear(16, 4096, 4096, 64, 16, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    let body = loop_body(&src);
+    assert!(body.contains(".step(t0, t1);"), "{body}");
+    assert!(!body.contains("matmul_tile"), "{body}");
+    assert_eq!(body.matches("__syncthreads()").count(), 1, "{body}");
+    assert!(body.contains("mi::row_sums_vec<NT, 16, 256, 264>"), "16-byte row sums of X^2: {body}");
+    let after = &src[src.find(body).map_or(0, |i| i + body.len())..];
+    assert!(after.contains(".finish([&](int c, float v, bool first)"), "{after}");
 }
 
 #[test]

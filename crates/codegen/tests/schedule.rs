@@ -104,3 +104,15 @@ fn online_attention_keeps_scores_in_registers() {
     let after = &src[src.find("fa.step(").expect("step")..];
     assert!(after.contains("fa.finish("), "{src}");
 }
+
+#[test]
+fn rms_norms_of_staged_16_bit_tiles_keep_rows_in_registers() {
+    // QK-norm attention normalises each V tile in the loop: whole 16-bit rows are read, scaled
+    // and written 16 bytes at a time, into the padded tile that feeds the P V matmul.
+    let a = Attn { b: 2, h: 64, d: 64, s: 1024, splits: 4, frange: 4, qsplit: 1 };
+    let pair = zoo::attention(a, true, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    let body = loop_body(&src);
+    assert!(body.contains("mi::rms_norm_rows_vec<NT, 64, 64, 72, 72, mi::f16>("), "{body}");
+    assert!(!body.contains("mi::rms_norm_rows<"), "{body}");
+}

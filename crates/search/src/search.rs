@@ -643,27 +643,20 @@ fn shape(g: &KernelGraph) -> (Vec<(usize, usize, usize)>, usize) {
     (custom, predefined)
 }
 
-/// The order in which candidates are checked: the cheapest of each distinct structure (kernels,
-/// predefined ops, loop ranges) first, then the cheapest of each distinct launch shape, then
-/// the rest by cost. The cost model ranks shapes only roughly (loop latency, occupancy), so
-/// the verified set, which a GPU then times, spans structures and shapes instead of near-copies
-/// of the model's favourite.
+/// The order in which candidates are checked: the cheapest of each distinct launch shape
+/// first (cheapest shape first), then the rest by cost. The cost model ranks shapes only
+/// roughly (loop latency, occupancy), so the verified set, which a GPU then times, spans
+/// shapes instead of near-copies of the model's favourite.
 fn check_order(cands: &[Candidate]) -> Vec<usize> {
-    let (mut structures, mut shapes) = (std::collections::HashSet::new(), std::collections::HashSet::new());
-    let (mut first, mut second, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+    let mut seen = std::collections::HashSet::new();
+    let (mut first, mut rest) = (Vec::new(), Vec::new());
     for (i, c) in cands.iter().enumerate() {
-        let (custom, predefined) = shape(&c.graph);
-        let franges: Vec<usize> = custom.iter().map(|k| k.2).collect();
-        let new_shape = shapes.insert((custom, predefined));
-        if structures.insert((franges, predefined)) {
+        if seen.insert(shape(&c.graph)) {
             first.push(i);
-        } else if new_shape {
-            second.push(i);
         } else {
             rest.push(i);
         }
     }
-    first.extend(second);
     first.extend(rest);
     first
 }

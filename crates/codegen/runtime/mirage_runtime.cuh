@@ -227,6 +227,18 @@ __device__ __forceinline__ void share_reduce(float init, Map map, Comb comb, Don
   }
 }
 
+// Adds map(x) for the eight 16-bit values T packed in u to acc, in order.
+template <class T, class Map>
+__device__ __forceinline__ void acc8(float& acc, const uint4& u, Map map) {
+  const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int e = 0; e < 8; e += 2) {
+    const float2 f = to_f32x2(h[e], h[e + 1]);
+    acc += map(f.x);
+    acc += map(f.y);
+  }
+}
+
 // Row sums of map(x) over a [ROWS, LEN] tile of 16-bit values T in shared memory (row pitch LD
 // elements; LEN and LD multiples of 8, rows 16-byte aligned), read 16 bytes at a time: TPO
 // lanes share a row (shuffles, no barrier) and store(r, v) gets row r's total once. Every
@@ -245,16 +257,7 @@ __device__ __forceinline__ void row_sums_vec(const T* tile, Map map, Store store
     if (r < ROWS) {
       const T* row = tile + r * LD;
 #pragma unroll 4
-      for (int c = j; c < V; c += TPO) {
-        const uint4 u = *reinterpret_cast<const uint4*>(row + c * 8);
-        const T* h = reinterpret_cast<const T*>(&u);
-#pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-          const float2 f = to_f32x2(h[e], h[e + 1]);
-          acc += map(f.x);
-          acc += map(f.y);
-        }
-      }
+      for (int c = j; c < V; c += TPO) acc8<T>(acc, *reinterpret_cast<const uint4*>(row + c * 8), map);
     }
     acc = lanes_reduce<TPO>(acc, [](float a, float b) { return a + b; });
     if (r < ROWS && j == 0) store(r, acc);
@@ -312,13 +315,7 @@ __device__ __forceinline__ void rms_norm_rows_vec(const T* in, T* out) {
       const int v = j + c * TPO;
       if (r < ROWS && (V % TPO == 0 || v < V)) {
         u[c] = *reinterpret_cast<const uint4*>(in + r * LDI + v * 8);
-        const T* h = reinterpret_cast<const T*>(&u[c]);
-#pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-          const float2 f = to_f32x2(h[e], h[e + 1]);
-          ss += f.x * f.x;
-          ss += f.y * f.y;
-        }
+        acc8<T>(ss, u[c], [](float x) { return x * x; });
       }
     }
     ss = lanes_reduce<TPO>(ss, [](float a, float b) { return a + b; });

@@ -60,7 +60,7 @@ enum Step {
     /// One iteration of a loop matmul summed in registers (`mi::MmaAcc`) for accumulator `acc`.
     MatAcc { op: usize, acc: usize },
     /// That accumulator's tile, written once after the loop.
-    MatAccEnd { op: usize, acc: usize },
+    MatAccEnd { acc: usize },
 }
 
 /// A shared-memory buffer: size, live interval over step positions, byte offset.
@@ -279,7 +279,7 @@ fn emit_with(
                 match fused_from[j] {
                     Some(m) if reg_acc(m, j) => {
                         steps.push((Section::Loop, Step::MatAcc { op: m, acc: j }));
-                        steps.push((Section::Post, Step::MatAccEnd { op: m, acc: j }));
+                        steps.push((Section::Post, Step::MatAccEnd { acc: j }));
                     }
                     Some(m) => steps.push((Section::Loop, Step::Matmul { op: m, acc: Some(j) })),
                     None => steps.push((Section::Loop, Step::Accum { op: j })),
@@ -331,7 +331,7 @@ fn emit_with(
                 (w, vec![], false)
             }),
             Step::MatAcc { op, .. } => (vec![], bg.ops[op].inputs.clone(), false),
-            Step::MatAccEnd { acc, .. } => (vec![bg.ops[acc].outputs[0]], vec![], false),
+            Step::MatAccEnd { acc } => (vec![bg.ops[acc].outputs[0]], vec![], false),
         }
     };
 
@@ -665,16 +665,22 @@ impl Ctx<'_> {
         ok.then(|| (l.ld, st.cty()))
     }
 
-    /// The `mi::MmaAcc` type of loop matmul `op` (operands: loaded 16-bit tiles).
-    fn mma_acc_type(&self, op: usize) -> String {
+    /// Template arguments `BATCH, M, N, K, LDA, LDB` of tile matmul `op` (row pitches through
+    /// any padding), as `mi::matmul_tile` and `mi::MmaAcc` take them.
+    fn mm_shape(&self, op: usize) -> String {
         let (a, b) = (self.bg.ops[op].inputs[0], self.bg.ops[op].inputs[1]);
         let (da, db) = (self.dims(a), self.dims(b));
         let r = da.len();
         let (m, kk, n) = (da[r - 2], da[r - 1], db[r - 1]);
         let lda = self.layout[a].map_or(kk, |l| l.ld);
         let ldb = self.layout[b].map_or(n, |l| l.ld);
-        let ty = self.storage[a].map_or("mi::f16", Storage::cty);
-        format!("mi::MmaAcc<NT, {}, {m}, {n}, {kk}, {lda}, {ldb}, {ty}>", numel(&da[..r - 2]))
+        format!("{}, {m}, {n}, {kk}, {lda}, {ldb}", numel(&da[..r - 2]))
+    }
+
+    /// The `mi::MmaAcc` type of loop matmul `op` (operands: loaded 16-bit tiles).
+    fn mma_acc_type(&self, op: usize) -> String {
+        let ty = self.storage[self.bg.ops[op].inputs[0]].map_or("mi::f16", Storage::cty);
+        format!("mi::MmaAcc<NT, {}, {ty}>", self.mm_shape(op))
     }
 
     /// Shared-memory element `idx` (row-major over the tile's dims) of tile `t`, through its
@@ -989,7 +995,7 @@ impl Ctx<'_> {
                 let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
                 wl!(s, "mm{acc}.step({}, {});", self.tile(a), self.tile(b));
             }
-            Step::MatAccEnd { acc, .. } => {
+            Step::MatAccEnd { acc } => {
                 let o = bg.ops[acc].outputs[0];
                 let c = self.at(o, "c");
                 wl!(s, "mm{acc}.finish([&](int c, float v, bool first) {{ {c} = first ? v : {c} + v; }});");
@@ -1053,10 +1059,6 @@ impl Ctx<'_> {
             }
             Step::Matmul { op, acc } => {
                 let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
-                let (da, db) = (self.dims(a), self.dims(b));
-                let r = da.len();
-                let (m, kk, n) = (da[r - 2], da[r - 1], db[r - 1]);
-                let batch = numel(&da[..r - 2]);
                 let epi = match acc {
                     None => {
                         let o = bg.ops[op].outputs[0];
@@ -1077,11 +1079,10 @@ impl Ctx<'_> {
                         }
                     }
                 };
-                let lda = self.layout[a].map_or(kk, |l| l.ld);
-                let ldb = self.layout[b].map_or(n, |l| l.ld);
                 wl!(
                     s,
-                    "mi::matmul_tile<{nt}, {batch}, {m}, {n}, {kk}, {lda}, {ldb}>({}, {}, mi_scratch, [&](int c, float v) {{ {epi} }});",
+                    "mi::matmul_tile<{nt}, {}>({}, {}, mi_scratch, [&](int c, float v) {{ {epi} }});",
+                    self.mm_shape(op),
                     self.tile(a),
                     self.tile(b)
                 );

@@ -142,6 +142,7 @@ def search(
     shared_memory_limit: int | None = None,
     expression_pruning: bool | None = None,
     verify_top_n: int | None = None,
+    verify_spread: bool | None = None,
     time_budget: float | None = None,
     num_threads: int | None = None,
     verbose: bool = False,

@@ -67,13 +67,14 @@ CONFIG_KEYS: dict[str, type] = {
     "shared_memory_limit": int,
     "expression_pruning": bool,
     "verify_top_n": int,
+    "verify_spread": bool,
 }
 
 _BACKENDS = ("cuda", "cpu")
 #: Candidates verified and timed when a GPU profiles them (the cost model's best).
 _GPU_TOP_N = 32
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 3
+_CACHE_VERSION = 4
 #: Candidates compiled and timed on a GPU.
 PROFILE_TOP_N = 32
 
@@ -487,6 +488,8 @@ def superoptimize(
             # On a GPU the timings choose: verify (and so profile) more of the cost model's
             # best, since its ranking of tile shapes is rough.
             settings.setdefault("verify_top_n", _GPU_TOP_N)
+            # ... and spread them over structures (kernels, loop ranges) first.
+            settings.setdefault("verify_spread", True)
 
     core = graph._core
     if core.num_ops == 0:

@@ -252,7 +252,7 @@ fn stderr_is_tty(py: Python<'_>) -> bool {
 #[pyo3(signature = (
     graph, *, griddims=None, blockdims=None, imaps=None, omaps=None, fmaps=None, franges=None,
     max_block_ops=None, max_kernel_ops=None, max_customized_ops=None, shared_memory_limit=None,
-    expression_pruning=None, verify_top_n=None, time_budget=None, num_threads=None, verbose=false,
+    expression_pruning=None, verify_top_n=None, verify_spread=None, time_budget=None, num_threads=None, verbose=false,
     tick=None, tick_interval=0.2
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -271,6 +271,7 @@ fn search<'py>(
     shared_memory_limit: Option<usize>,
     expression_pruning: Option<bool>,
     verify_top_n: Option<usize>,
+    verify_spread: Option<bool>,
     time_budget: Option<f64>,
     num_threads: Option<usize>,
     verbose: bool,
@@ -317,6 +318,9 @@ fn search<'py>(
     }
     if let Some(v) = verify_top_n {
         cfg.verify.top_n = v;
+    }
+    if let Some(v) = verify_spread {
+        cfg.verify.spread = v;
     }
 
     let mut ticker = Ticker {

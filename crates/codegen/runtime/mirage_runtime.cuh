@@ -227,6 +227,50 @@ __device__ __forceinline__ void share_reduce(float init, Map map, Comb comb, Don
   }
 }
 
+// Eight consecutive values of a device tensor as floats: one 16-byte load (two for fp32) when
+// `vec` (p 16-byte aligned), element loads otherwise.
+template <class T>
+__device__ __forceinline__ void load8(const T* __restrict__ p, float* v, bool vec) {
+  if (vec) {
+    if constexpr (sizeof(T) == 2) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+      const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const float2 f = to_f32x2(h[e], h[e + 1]);
+        v[e] = f.x;
+        v[e + 1] = f.y;
+      }
+    } else {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = to_f32(p[e]);
+  }
+}
+
+// Stores eight floats to consecutive elements of a device tensor: 16-byte stores when `vec`.
+template <class T>
+__device__ __forceinline__ void store8(T* __restrict__ p, const float* v, bool vec) {
+  if (vec) {
+    if constexpr (sizeof(T) == 2) {
+      uint4 u;
+      T* h = reinterpret_cast<T*>(&u);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) h[e] = from_f32<T>(v[e]);
+      *reinterpret_cast<uint4*>(p) = u;
+    } else {
+      reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) p[e] = from_f32<T>(v[e]);
+  }
+}
+
 // Adds map(x) for the eight 16-bit values T packed in u to acc, in order.
 template <class T, class Map>
 __device__ __forceinline__ void acc8(float& acc, const uint4& u, Map map) {

@@ -11,7 +11,7 @@
 //! (first fit), so tiles whose lifetimes do not overlap share memory; an element-wise group
 //! may overwrite an fp32 operand whose last use it is.
 
-use mirage_ugraph::block::{MAX_PIPELINE_STAGES, PIPELINE_SMEM_BUDGET};
+use mirage_ugraph::block::MAX_PIPELINE_STAGES;
 use mirage_ugraph::{
     fuse_elementwise, Accum, BlockGraph, BlockOpKind, FusedGroup, Phase, STensorId, ThreadOp, UnaryOp,
 };
@@ -117,6 +117,9 @@ struct Layout {
 
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
 pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBuffer]) -> Result<Emitted> {
+    if let Some(e) = crate::rowreg::emit(name, bg, ins, outs)? {
+        return Ok(e);
+    }
     match emit_with(name, bg, ins, outs, true)? {
         Some(e) => Ok(e),
         None => emit_with(name, bg, ins, outs, false)?
@@ -547,7 +550,7 @@ fn emit_with(
     let mut stages = if any_staged { MAX_PIPELINE_STAGES.min(bg.forloop_range).max(1) } else { 1 };
     let (buffers, buf_of, smem_bytes) = loop {
         let (b, o, total) = plan(stages);
-        if stages == 1 || total <= PIPELINE_SMEM_BUDGET {
+        if stages == 1 || total <= bg.pipeline_budget() {
             break (b, o, total);
         }
         stages -= 1;
@@ -602,8 +605,38 @@ fn place(buffers: &mut [Buffer]) -> usize {
     total.div_ceil(SMEM_ALIGN) * SMEM_ALIGN
 }
 
+/// Byte-offset-free base expression (in elements) of a block's tile in a device tensor: the
+/// block's offset along the grid-mapped dims (`map`), plus iteration `iter` along `fdim`.
+pub(crate) fn tile_base(
+    bg: &BlockGraph,
+    map: [i64; 3],
+    fdim: i64,
+    tile: &[usize],
+    strides: &[usize],
+    iter: Option<&str>,
+) -> String {
+    let mut terms = Vec::new();
+    let axes = ["blockIdx.x", "blockIdx.y", "blockIdx.z"];
+    for a in 0..3 {
+        if bg.grid_dim[a] > 1 && map[a] >= 0 {
+            let d = map[a] as usize;
+            let part = if d as i64 == fdim { tile[d] * bg.forloop_range } else { tile[d] };
+            terms.push(format!("(long long){} * {}LL", axes[a], part * strides[d]));
+        }
+    }
+    if let (true, Some(it)) = (fdim >= 0, iter) {
+        let f = fdim as usize;
+        terms.push(format!("(long long)({it}) * {}LL", tile[f] * strides[f]));
+    }
+    if terms.is_empty() {
+        "0LL".into()
+    } else {
+        terms.join(" + ")
+    }
+}
+
 /// Whether offsets up to `max` need 64-bit arithmetic.
-fn wide(max: usize) -> bool {
+pub(crate) fn wide(max: usize) -> bool {
     max >= i32::MAX as usize / 2
 }
 
@@ -952,27 +985,9 @@ impl Ctx<'_> {
         Ok(s)
     }
 
-    /// Byte-offset-free base expression (in elements) of a block's tile in a device tensor.
+    /// [`tile_base`] in this block graph.
     fn tile_base(&self, map: [i64; 3], fdim: i64, tile: &[usize], strides: &[usize], iter: Option<&str>) -> String {
-        let bg = self.bg;
-        let mut terms = Vec::new();
-        let axes = ["blockIdx.x", "blockIdx.y", "blockIdx.z"];
-        for a in 0..3 {
-            if bg.grid_dim[a] > 1 && map[a] >= 0 {
-                let d = map[a] as usize;
-                let part = if d as i64 == fdim { tile[d] * bg.forloop_range } else { tile[d] };
-                terms.push(format!("(long long){} * {}LL", axes[a], part * strides[d]));
-            }
-        }
-        if let (true, Some(it)) = (fdim >= 0, iter) {
-            let f = fdim as usize;
-            terms.push(format!("(long long)({it}) * {}LL", tile[f] * strides[f]));
-        }
-        if terms.is_empty() {
-            "0LL".into()
-        } else {
-            terms.join(" + ")
-        }
+        tile_base(self.bg, map, fdim, tile, strides, iter)
     }
 
     /// Element offset inside a device tensor of tile element `i` (tile dims, device strides).

@@ -32,6 +32,7 @@ mod flash;
 pub mod generate;
 pub mod nvrtc;
 pub mod program;
+mod rowreg;
 
 pub use error::{Error, Result};
 pub use exec::Executable;

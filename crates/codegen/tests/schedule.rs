@@ -116,3 +116,20 @@ fn rms_norms_of_staged_16_bit_tiles_keep_rows_in_registers() {
     assert!(body.contains("mi::rms_norm_rows_vec<NT, 64, 64, 72, 72, mi::f16>("), "{body}");
     assert!(!body.contains("mi::rms_norm_rows<"), "{body}");
 }
+
+#[test]
+fn loop_free_row_kernels_keep_tiles_in_registers() {
+    // nTrans, one 4096-wide row per block: every tile lives in registers, loaded and stored 16
+    // bytes at a time; each RMS norm needs one barrier (its per-warp partial sums) and nothing
+    // else touches shared memory.
+    let pair = zoo::ntrans(2, 4096, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    assert!(src.contains("tiles in registers"), "{src}");
+    assert!(src.contains("mi::load8(in0 + base"), "{src}");
+    assert!(src.contains("mi::store8(out0 + base"), "{src}");
+    assert_eq!(src.matches("__syncthreads()").count(), 2, "{src}");
+    assert!(!src.contains("mi_smem"), "no dynamic shared memory: {src}");
+    // A row that is not a whole number of warp chunks (256 elements) keeps the general schedule.
+    let pair = zoo::ntrans(2, 4104, DType::Float16).expect("zoo");
+    assert!(!kernel_source(&pair.ugraph).contains("tiles in registers"));
+}

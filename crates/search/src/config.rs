@@ -42,11 +42,17 @@ pub struct VerifyOptions {
     pub tolerance: f64,
     /// Seed of the random inputs and boxes.
     pub seed: u64,
+    /// Check the cheapest candidate of each structure (kernel count, predefined ops, loop
+    /// ranges) before the cheapest of each launch shape: for a GPU that times the verified set
+    /// and picks the fastest, a set spanning structures beats near-copies of the model's
+    /// favourite. Without a GPU the model's cheapest verified candidate is chosen, so the
+    /// default checks by launch shape only.
+    pub spread: bool,
 }
 
 impl Default for VerifyOptions {
     fn default() -> Self {
-        VerifyOptions { top_n: 8, trials: 3, tolerance: 1e-6, seed: 0x5eed }
+        VerifyOptions { top_n: 8, trials: 3, tolerance: 1e-6, seed: 0x5eed, spread: false }
     }
 }
 

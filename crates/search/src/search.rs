@@ -643,20 +643,27 @@ fn shape(g: &KernelGraph) -> (Vec<(usize, usize, usize)>, usize) {
     (custom, predefined)
 }
 
-/// The order in which candidates are checked: the cheapest of each distinct launch shape
-/// first (cheapest shape first), then the rest by cost. The cost model ranks shapes only
-/// roughly (loop latency, occupancy), so the verified set, which a GPU then times, spans
-/// shapes instead of near-copies of the model's favourite.
-fn check_order(cands: &[Candidate]) -> Vec<usize> {
-    let mut seen = std::collections::HashSet::new();
-    let (mut first, mut rest) = (Vec::new(), Vec::new());
+/// The order in which candidates are checked: with `spread`, the cheapest of each distinct
+/// structure (loop ranges of the customized kernels, predefined ops) first; then the cheapest
+/// of each distinct launch shape; then the rest, each tier by cost. The cost model ranks
+/// shapes only roughly (loop latency, occupancy), so the verified set, which a GPU then
+/// times, spans shapes (and structures) instead of near-copies of the model's favourite.
+fn check_order(cands: &[Candidate], spread: bool) -> Vec<usize> {
+    let (mut structures, mut shapes) = (std::collections::HashSet::new(), std::collections::HashSet::new());
+    let (mut first, mut second, mut rest) = (Vec::new(), Vec::new(), Vec::new());
     for (i, c) in cands.iter().enumerate() {
-        if seen.insert(shape(&c.graph)) {
+        let (custom, predefined) = shape(&c.graph);
+        let franges: Vec<usize> = custom.iter().map(|k| k.2).collect();
+        let new_shape = shapes.insert((custom, predefined));
+        if spread && structures.insert((franges, predefined)) {
             first.push(i);
+        } else if new_shape {
+            second.push(i);
         } else {
             rest.push(i);
         }
     }
+    first.extend(second);
     first.extend(rest);
     first
 }
@@ -670,7 +677,7 @@ fn verify_all(
     cands: &mut Vec<Candidate>,
 ) -> (usize, usize) {
     let want = cfg.verify.top_n;
-    let order = check_order(cands);
+    let order = check_order(cands, cfg.verify.spread);
     let (mut passed, mut failed, mut next) = (0, 0, 0);
     while passed < want && next < order.len() && next < 4 * want.max(1) && !ctl.cancelled() {
         let end = (next + (want - passed)).min(order.len());

@@ -73,3 +73,33 @@ fn found_graph_computes_the_reference_values_on_the_cpu() {
         }
     }
 }
+
+/// Distinct structures (loop ranges of the customized kernels, predefined kernel count) among
+/// the candidates that were checked and passed.
+fn verified_structures(r: &mirage_search::SearchResult) -> std::collections::HashSet<(Vec<usize>, usize)> {
+    r.candidates
+        .iter()
+        .filter(|c| c.verification.passed())
+        .map(|c| {
+            let franges = kernels(&c.graph).iter().map(|bg| bg.forloop_range).collect();
+            (franges, launches(&c.graph) - kernels(&c.graph).len())
+        })
+        .collect()
+}
+
+#[test]
+fn spread_verification_spans_structures() {
+    // With few verification slots, the default order spends them on launch shapes of the
+    // model's favourite structure; `spread` (for a GPU that times the verified set) first
+    // checks the cheapest candidate of each structure, e.g. the two-kernel and other-loop forms.
+    let pair = zoo::rmsnorm_linear(16, 4096, 4096, 64, 16, DType::Float16).expect("zoo builds");
+    let run = |spread: bool| {
+        let verify = VerifyOptions { top_n: 4, spread, ..VerifyOptions::default() };
+        superoptimize(&pair.reference, &SearchConfig { verify, ..SearchConfig::default() }).expect("search runs")
+    };
+    let (plain, spread) = (run(false), run(true));
+    let (a, b) = (verified_structures(&plain), verified_structures(&spread));
+    assert!(b.len() > a.len(), "spread verified {b:?}, the default {a:?}");
+    // Both choose the same best candidate by the model (the cheapest is always checked first).
+    assert_eq!(best(&plain).hash, best(&spread).hash);
+}

@@ -20,13 +20,30 @@ use crate::error::{invalid, shape_err, Result};
 use crate::ops::{broadcast_dims, concat_dims, matmul_dims, reduce_dims, Accum, BinaryOp, UnaryOp};
 use crate::types::{check_dims, numel, resolve_dim, same_dtype, DType};
 
-/// Index of a tensor in its block graph.
 /// Most buffers (pipeline stages) a per-iteration input tile gets in shared memory.
 pub const MAX_PIPELINE_STAGES: usize = 4;
 /// Shared memory per block up to which input tiles are multi-buffered (two blocks fit an
 /// H100 SM, one an A100 SM); fewer stages are used above it.
 pub const PIPELINE_SMEM_BUDGET: usize = 100 * 1024;
+/// Grids of at most this many blocks run one block per SM on the targets (132 SMs on an
+/// H100 or H200), so nothing is gained by leaving room for a second block.
+pub const ONE_WAVE_BLOCKS: usize = 132;
+/// The pipelining budget of a one-wave grid: deeper pipelines keep more loads in flight
+/// (within the 163 KiB an A100 block may opt into).
+pub const ONE_WAVE_SMEM_BUDGET: usize = 160 * 1024;
 
+/// Shared memory up to which a kernel of `blocks` thread blocks multi-buffers its loop's
+/// input tiles: [`ONE_WAVE_SMEM_BUDGET`] for at most [`ONE_WAVE_BLOCKS`] blocks, else
+/// [`PIPELINE_SMEM_BUDGET`].
+pub fn pipeline_budget(blocks: usize) -> usize {
+    if blocks <= ONE_WAVE_BLOCKS {
+        ONE_WAVE_SMEM_BUDGET
+    } else {
+        PIPELINE_SMEM_BUDGET
+    }
+}
+
+/// Index of a tensor in its block graph.
 pub type STensorId = usize;
 
 /// When a block-graph tensor is computed relative to the for-loop.
@@ -205,9 +222,15 @@ impl BlockGraph {
         self.grid_dim.iter().product()
     }
 
+    /// Shared memory up to which the loop's input tiles are multi-buffered
+    /// ([`pipeline_budget`] of the grid's block count).
+    pub fn pipeline_budget(&self) -> usize {
+        pipeline_budget(self.num_blocks())
+    }
+
     /// Pipeline stages the code generator gives the per-iteration input tiles: up to
     /// [`MAX_PIPELINE_STAGES`] (never more than the loop's range) while the block's shared
-    /// memory stays within [`PIPELINE_SMEM_BUDGET`]. `staged` and `other` are the bytes of one
+    /// memory stays within [`BlockGraph::pipeline_budget`]. `staged` and `other` are the bytes of one
     /// stage of those tiles and of everything else. The one rule both the generator and the
     /// cost model follow.
     pub fn pipeline_stages(&self, staged: usize, other: usize) -> usize {
@@ -215,7 +238,7 @@ impl BlockGraph {
             return 1;
         }
         let mut s = MAX_PIPELINE_STAGES.min(self.forloop_range).max(1);
-        while s > 1 && other + s * staged > PIPELINE_SMEM_BUDGET {
+        while s > 1 && other + s * staged > self.pipeline_budget() {
             s -= 1;
         }
         s

@@ -1,0 +1,199 @@
+//! Register-resident row kernels: a block graph without a loop whose ops are element-wise ops
+//! and RMS norms of one common tile shape keeps every tile in registers.
+//!
+//! Thread `tid` owns the 8-element chunks `tid + k * NT` (`k < KC`) of every tile, loaded and
+//! stored 16 bytes at a time. Element-wise ops run on those registers. An RMS norm over the last
+//! dim (whose length is a multiple of 256, so a warp's chunks of one `k` lie in one row) sums
+//! squares per warp with shuffles, writes one partial per warp chunk to shared memory and, after
+//! one barrier, every thread adds its row's partials in a fixed order (no atomics: the result
+//! is deterministic). There is no other barrier and no tile in shared memory: the general
+//! schedule (`block_kernel`) runs such a graph as a chain of passes over shared memory instead.
+
+use mirage_ugraph::{BlockGraph, BlockOpKind, STensorId};
+
+use crate::block_kernel::{tile_base, wide, Emitted};
+use crate::emit::{binary_expr, flit, numel, offset, offset_wide, unary_expr, wl};
+use crate::error::Result;
+use crate::program::DevBuffer;
+
+/// Most elements of one tile a thread holds in registers.
+const MAX_PER_THREAD: usize = 64;
+
+/// The kernel `name` for `bg` in registers, or `None` when the graph is not of that form.
+pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBuffer]) -> Result<Option<Emitted>> {
+    let nt: usize = bg.block_dim.iter().product();
+    if bg.forloop_range != 1 || nt == 0 || !nt.is_multiple_of(32) {
+        return Ok(None);
+    }
+    let Some(first) = bg.tensors.first() else { return Ok(None) };
+    let dims = first.dims.clone();
+    let n = numel(&dims);
+    let len = dims.last().copied().unwrap_or(1);
+    if !n.is_multiple_of(8 * nt) || n / nt > MAX_PER_THREAD || !len.is_multiple_of(8) {
+        return Ok(None);
+    }
+    let kc = n / (8 * nt);
+    // Every tile has the common shape; only element-wise ops and RMS norms (rows of 256k).
+    if bg.tensors.iter().any(|t| t.dims != dims) {
+        return Ok(None);
+    }
+    let mut norms = 0;
+    for op in &bg.ops {
+        match op.kind {
+            BlockOpKind::Input { .. }
+            | BlockOpKind::Output { .. }
+            | BlockOpKind::Unary { .. }
+            | BlockOpKind::Binary { .. } => {}
+            BlockOpKind::RmsNorm if len.is_multiple_of(256) => norms += 1,
+            _ => return Ok(None),
+        }
+    }
+
+    let mut params: Vec<String> = Vec::new();
+    for (k, b) in ins.iter().enumerate() {
+        params.push(format!("const {}* __restrict__ in{k}", b.storage.cty()));
+    }
+    for (j, b) in outs.iter().enumerate() {
+        params.push(format!("{}* __restrict__ out{j}", b.storage.cty()));
+    }
+    let mut s = String::new();
+    wl!(
+        s,
+        "// block graph: grid {:?}, block {:?}: tiles in registers ({kc} chunk(s) of 8 per thread)",
+        bg.grid_dim,
+        bg.block_dim
+    );
+    wl!(s, "extern \"C\" __global__ void __launch_bounds__({nt}) {name}({}) {{", params.join(", "));
+    wl!(s, "  constexpr int NT = {nt};");
+    wl!(s, "  const int tid = mi::lin_tid();");
+    if norms > 0 {
+        // One partial sum per warp chunk (256 elements) per norm.
+        wl!(s, "  __shared__ float mi_part[{}][{}];", norms, n / 256);
+        wl!(s, "  const int lane = tid & 31, warp = tid >> 5;");
+    }
+    // Chunk k of this thread starts at element e(k) = (tid + k * NT) * 8 of the tile.
+    let chunk = |k: &str| format!("((unsigned)(tid + {k} * NT) * 8u)");
+    // Element offset in device tensor `dev` of tile element `var`, and whether the 8 elements
+    // from a chunk start are contiguous and 16-byte aligned whenever the pointer is.
+    let elem = |dev: &DevBuffer, var: &str| -> (String, bool) {
+        let max: usize = dims.iter().zip(&dev.strides).map(|(&d, &st)| (d - 1) * st).sum();
+        let off = if wide(max) {
+            offset_wide(&dims, var, &dims, &dev.strides)
+        } else {
+            offset(&dims, var, &dims, &dev.strides)
+        };
+        let es = dev.storage.size_bytes();
+        let r = dims.len();
+        let vec =
+            dev.strides[r - 1] == 1 && (0..r - 1).all(|d| dims[d] == 1 || (dev.strides[d] * es).is_multiple_of(16));
+        (off, vec)
+    };
+    let mut norm = 0;
+    let mut out_j = 0;
+    let mut in_k = 0;
+    for op in &bg.ops {
+        let v = |t: STensorId| format!("v{t}");
+        match &op.kind {
+            BlockOpKind::Input { imap, forloop_dim, .. } => {
+                let (k, t) = (in_k, op.outputs[0]);
+                in_k += 1;
+                let dev = &ins[k];
+                let base = tile_base(bg, *imap, *forloop_dim, &dims, &dev.strides, Some("0"));
+                let (off, vec) = elem(dev, "e");
+                wl!(s, "  float {}[{}]; // input {k}", v(t), kc * 8);
+                wl!(s, "  {{");
+                wl!(s, "    const long long base = {base};");
+                wl!(s, "    const bool vec = {vec} && mi::aligned16(in{k} + base);");
+                wl!(s, "#pragma unroll");
+                wl!(s, "    for (int k = 0; k < {kc}; ++k) {{");
+                wl!(s, "      const unsigned e = {};", chunk("k"));
+                if vec {
+                    wl!(s, "      mi::load8(in{k} + base + {off}, {} + k * 8, vec);", v(t));
+                } else {
+                    let (o, _) = elem(dev, "(e + j)");
+                    wl!(s, "#pragma unroll");
+                    wl!(
+                        s,
+                        "      for (unsigned j = 0; j < 8u; ++j) {}[k * 8 + j] = mi::to_f32(in{k}[base + {o}]);",
+                        v(t)
+                    );
+                }
+                wl!(s, "    }}");
+                wl!(s, "  }}");
+            }
+            BlockOpKind::Output { omap, forloop_dim } => {
+                let (j, t) = (out_j, op.inputs[0]);
+                out_j += 1;
+                let dev = &outs[j];
+                let base = tile_base(bg, *omap, *forloop_dim, &dims, &dev.strides, Some("0"));
+                let (off, vec) = elem(dev, "e");
+                let ty = dev.storage.cty();
+                wl!(s, "  {{ // {} -> output {j}", v(t));
+                wl!(s, "    const long long base = {base};");
+                wl!(s, "    const bool vec = {vec} && mi::aligned16(out{j} + base);");
+                wl!(s, "#pragma unroll");
+                wl!(s, "    for (int k = 0; k < {kc}; ++k) {{");
+                wl!(s, "      const unsigned e = {};", chunk("k"));
+                if vec {
+                    wl!(s, "      mi::store8(out{j} + base + {off}, {} + k * 8, vec);", v(t));
+                } else {
+                    let (o, _) = elem(dev, "(e + j)");
+                    wl!(s, "#pragma unroll");
+                    wl!(s, "      for (unsigned j = 0; j < 8u; ++j) out{j}[base + {o}] = mi::from_f32<{ty}>({}[k * 8 + j]);", v(t));
+                }
+                wl!(s, "    }}");
+                wl!(s, "  }}");
+            }
+            BlockOpKind::Unary { op: u } => {
+                let (x, o) = (op.inputs[0], op.outputs[0]);
+                wl!(s, "  float {}[{}];", v(o), kc * 8);
+                wl!(s, "#pragma unroll");
+                wl!(
+                    s,
+                    "  for (int i = 0; i < {}; ++i) {}[i] = {};",
+                    kc * 8,
+                    v(o),
+                    unary_expr(u, &format!("{}[i]", v(x)))
+                );
+            }
+            BlockOpKind::Binary { op: b } => {
+                let (x, y, o) = (op.inputs[0], op.inputs[1], op.outputs[0]);
+                let e = binary_expr(*b, &format!("{}[i]", v(x)), &format!("{}[i]", v(y)));
+                wl!(s, "  float {}[{}];", v(o), kc * 8);
+                wl!(s, "#pragma unroll");
+                wl!(s, "  for (int i = 0; i < {}; ++i) {}[i] = {e};", kc * 8, v(o));
+            }
+            BlockOpKind::RmsNorm => {
+                let (x, o) = (op.inputs[0], op.outputs[0]);
+                let per_row = len / 256; // warp chunks per row
+                let nw = nt / 32;
+                wl!(s, "  float {}[{}]; // rms norm of {} over rows of {len}", v(o), kc * 8, v(x));
+                wl!(s, "#pragma unroll");
+                wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
+                wl!(s, "    float ss = 0.0f;");
+                wl!(s, "#pragma unroll");
+                wl!(s, "    for (int j = 0; j < 8; ++j) ss += {x}[k * 8 + j] * {x}[k * 8 + j];", x = v(x));
+                wl!(s, "    ss = mi::warp_sum(ss);");
+                wl!(s, "    if (lane == 0) mi_part[{norm}][k * {nw} + warp] = ss;");
+                wl!(s, "  }}");
+                wl!(s, "  __syncthreads();");
+                wl!(s, "#pragma unroll");
+                wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
+                wl!(s, "    const int row0 = ((k * {nw} + warp) / {per_row}) * {per_row};");
+                wl!(s, "    float ss = 0.0f;");
+                wl!(s, "#pragma unroll");
+                wl!(s, "    for (int p = 0; p < {per_row}; ++p) ss += mi_part[{norm}][row0 + p];");
+                // x * (1 / rms): one division per row chunk instead of per element (within an
+                // ulp of x / rms).
+                wl!(s, "    const float inv = 1.0f / sqrtf(ss / {});", flit(len as f32));
+                wl!(s, "#pragma unroll");
+                wl!(s, "    for (int j = 0; j < 8; ++j) {o}[k * 8 + j] = {x}[k * 8 + j] * inv;", o = v(o), x = v(x));
+                wl!(s, "  }}");
+                norm += 1;
+            }
+            _ => return Ok(None),
+        }
+    }
+    wl!(s, "}}");
+    Ok(Some(Emitted { source: s, smem_bytes: 0 }))
+}

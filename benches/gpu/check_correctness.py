@@ -147,6 +147,8 @@ def cells(batches: list[int], small: bool) -> list[tuple[str, str, int, str, Any
             ("gated_mlp", "gated_mlp", [3, 256, 512, 8, 4]),
             ("lora", "lora", [5, 256, 512, 16, 8, 4]),
             ("ntrans", "ntrans", [4, 512]),
+            # Rows of 4096: the register-resident row kernel (rowreg.rs).
+            ("ntrans_4096", "ntrans", [4, 4096]),
         ]
         for name, kind, p in specs:
             for variant in (1, 0):

@@ -88,6 +88,30 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             dev.strides[r - 1] == 1 && (0..r - 1).all(|d| dims[d] == 1 || (dev.strides[d] * es).is_multiple_of(16));
         (off, vec)
     };
+    // The block that copies this thread's chunks between device tensor `dev` (pointer `ptr`)
+    // and registers: `vec_copy(offset)` copies a chunk (16-byte accesses when `vec`),
+    // `elem_copy(offset)` element `q` of it (layouts whose chunks are not contiguous).
+    type Copy<'a> = &'a dyn Fn(&str) -> String;
+    let copy = |dev: &DevBuffer, map: [i64; 3], fdim: i64, ptr: &str, vec_copy: Copy, elem_copy: Copy| {
+        let base = tile_base(bg, map, fdim, &dims, &dev.strides, Some("0"));
+        let (off, vec) = elem(dev, "e");
+        let mut c = String::new();
+        wl!(c, "  {{");
+        wl!(c, "    const long long base = {base};");
+        wl!(c, "    const bool vec = {vec} && mi::aligned16({ptr} + base);");
+        wl!(c, "#pragma unroll");
+        wl!(c, "    for (int k = 0; k < {kc}; ++k) {{");
+        wl!(c, "      const unsigned e = {};", chunk("k"));
+        if vec {
+            wl!(c, "      {}", vec_copy(&off));
+        } else {
+            wl!(c, "#pragma unroll");
+            wl!(c, "      for (unsigned q = 0; q < 8u; ++q) {}", elem_copy(&elem(dev, "(e + q)").0));
+        }
+        wl!(c, "    }}");
+        wl!(c, "  }}");
+        c
+    };
     let mut norm = 0;
     let mut out_j = 0;
     let mut in_k = 0;
@@ -97,52 +121,29 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             BlockOpKind::Input { imap, forloop_dim, .. } => {
                 let (k, t) = (in_k, op.outputs[0]);
                 in_k += 1;
-                let dev = &ins[k];
-                let base = tile_base(bg, *imap, *forloop_dim, &dims, &dev.strides, Some("0"));
-                let (off, vec) = elem(dev, "e");
                 wl!(s, "  float {}[{}]; // input {k}", v(t), kc * 8);
-                wl!(s, "  {{");
-                wl!(s, "    const long long base = {base};");
-                wl!(s, "    const bool vec = {vec} && mi::aligned16(in{k} + base);");
-                wl!(s, "#pragma unroll");
-                wl!(s, "    for (int k = 0; k < {kc}; ++k) {{");
-                wl!(s, "      const unsigned e = {};", chunk("k"));
-                if vec {
-                    wl!(s, "      mi::load8(in{k} + base + {off}, {} + k * 8, vec);", v(t));
-                } else {
-                    let (o, _) = elem(dev, "(e + j)");
-                    wl!(s, "#pragma unroll");
-                    wl!(
-                        s,
-                        "      for (unsigned j = 0; j < 8u; ++j) {}[k * 8 + j] = mi::to_f32(in{k}[base + {o}]);",
-                        v(t)
-                    );
-                }
-                wl!(s, "    }}");
-                wl!(s, "  }}");
+                s.push_str(&copy(
+                    &ins[k],
+                    *imap,
+                    *forloop_dim,
+                    &format!("in{k}"),
+                    &|off| format!("mi::load8(in{k} + base + {off}, {} + k * 8, vec);", v(t)),
+                    &|off| format!("{}[k * 8 + q] = mi::to_f32(in{k}[base + {off}]);", v(t)),
+                ));
             }
             BlockOpKind::Output { omap, forloop_dim } => {
                 let (j, t) = (out_j, op.inputs[0]);
                 out_j += 1;
-                let dev = &outs[j];
-                let base = tile_base(bg, *omap, *forloop_dim, &dims, &dev.strides, Some("0"));
-                let (off, vec) = elem(dev, "e");
-                let ty = dev.storage.cty();
-                wl!(s, "  {{ // {} -> output {j}", v(t));
-                wl!(s, "    const long long base = {base};");
-                wl!(s, "    const bool vec = {vec} && mi::aligned16(out{j} + base);");
-                wl!(s, "#pragma unroll");
-                wl!(s, "    for (int k = 0; k < {kc}; ++k) {{");
-                wl!(s, "      const unsigned e = {};", chunk("k"));
-                if vec {
-                    wl!(s, "      mi::store8(out{j} + base + {off}, {} + k * 8, vec);", v(t));
-                } else {
-                    let (o, _) = elem(dev, "(e + j)");
-                    wl!(s, "#pragma unroll");
-                    wl!(s, "      for (unsigned j = 0; j < 8u; ++j) out{j}[base + {o}] = mi::from_f32<{ty}>({}[k * 8 + j]);", v(t));
-                }
-                wl!(s, "    }}");
-                wl!(s, "  }}");
+                let ty = outs[j].storage.cty();
+                wl!(s, "  // {} -> output {j}", v(t));
+                s.push_str(&copy(
+                    &outs[j],
+                    *omap,
+                    *forloop_dim,
+                    &format!("out{j}"),
+                    &|off| format!("mi::store8(out{j} + base + {off}, {} + k * 8, vec);", v(t)),
+                    &|off| format!("out{j}[base + {off}] = mi::from_f32<{ty}>({}[k * 8 + q]);", v(t)),
+                ));
             }
             BlockOpKind::Unary { op: u } => {
                 let (x, o) = (op.inputs[0], op.outputs[0]);

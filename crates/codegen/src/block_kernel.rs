@@ -754,10 +754,9 @@ impl Ctx<'_> {
             wl!(s, "  if (mi::aligned16(in{k})) {{");
             // Unsigned indices (shifts and masks for power-of-two rows); a whole number of chunks
             // per thread unrolls with the addresses hoisted out of the loop.
-            let nt: usize = self.bg.block_dim.iter().product();
-            if chunks.is_multiple_of(nt) {
+            if chunks.is_multiple_of(self.nt) {
                 wl!(s, "#pragma unroll");
-                wl!(s, "    for (int u = 0; u < {}; ++u) {{", chunks / nt);
+                wl!(s, "    for (int u = 0; u < {}; ++u) {{", chunks / self.nt);
                 wl!(s, "      const unsigned i = (unsigned)(tid + u * NT) * {vec}u;");
             } else {
                 wl!(s, "    for (int c = tid; c < {chunks}; c += NT) {{");

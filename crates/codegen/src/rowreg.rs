@@ -115,8 +115,8 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     let mut norm = 0;
     let mut out_j = 0;
     let mut in_k = 0;
+    let v = |t: STensorId| format!("v{t}");
     for op in &bg.ops {
-        let v = |t: STensorId| format!("v{t}");
         match &op.kind {
             BlockOpKind::Input { imap, forloop_dim, .. } => {
                 let (k, t) = (in_k, op.outputs[0]);

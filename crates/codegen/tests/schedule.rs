@@ -18,6 +18,12 @@ fn kernel_source(g: &KernelGraph) -> String {
     p.source[at..end].to_string()
 }
 
+/// Attention with 64 heads of 64 over 1024 keys, 4 KV splits of 4 iterations: the shape of the
+/// attention schedule tests.
+fn attn() -> Attn {
+    Attn { b: 2, h: 64, d: 64, s: 1024, splits: 4, frange: 4, qsplit: 1 }
+}
+
 /// The body of the kernel's for-loop.
 fn loop_body(src: &str) -> &str {
     let start = src.find("for (int it = 0;").expect("a for-loop");
@@ -68,8 +74,7 @@ fn loop_matmul_sums_stay_in_registers() {
 fn dependent_steps_keep_their_barrier() {
     // Plain attention: the scores matmul, exp and the accumulations each read what the
     // previous step wrote in shared memory.
-    let a = Attn { b: 2, h: 64, d: 64, s: 1024, splits: 4, frange: 4, qsplit: 1 };
-    let pair = zoo::attention(a, false, DType::Float16).expect("zoo");
+    let pair = zoo::attention(attn(), false, DType::Float16).expect("zoo");
     let src = kernel_source(&pair.ugraph);
     let body = loop_body(&src);
     let barriers = body.matches("__syncthreads()").count();
@@ -82,8 +87,7 @@ fn dependent_steps_keep_their_barrier() {
 fn exp_tiles_stay_fp32_unless_the_running_max_bounds_them() {
     // Plain attention (exp without the max subtracted) keeps P in fp32: fp16 would overflow
     // for logits above ~11.
-    let a = Attn { b: 2, h: 64, d: 64, s: 1024, splits: 4, frange: 4, qsplit: 1 };
-    let plain = kernel_source(&zoo::attention(a, false, DType::Float16).expect("zoo").ugraph);
+    let plain = kernel_source(&zoo::attention(attn(), false, DType::Float16).expect("zoo").ugraph);
     let i = plain.find("mi::op_exp").expect("an exp");
     let line_end = plain[i..].find("\n}").map_or(plain.len(), |e| i + e);
     assert!(!plain[i..line_end].contains("from_f32<mi::f16>"), "{}", &plain[i..line_end]);
@@ -94,8 +98,7 @@ fn online_attention_keeps_scores_in_registers() {
     // The online-softmax loop (scores, running max, P, row sums, P V) is one register-resident
     // step: the loop has only the pipeline's barrier and materialises no score tile; the
     // accumulators are written once, after the loop.
-    let a = Attn { b: 2, h: 64, d: 64, s: 1024, splits: 4, frange: 4, qsplit: 1 };
-    let src = kernel_source(&zoo::attention_online(a, DType::Float16).expect("zoo").ugraph);
+    let src = kernel_source(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph);
     assert!(src.contains("mi::Flash<NT, 1, 64, 64, "), "{src}");
     let body = loop_body(&src);
     assert_eq!(body.matches("fa.step(").count(), 1, "{body}");
@@ -109,8 +112,7 @@ fn online_attention_keeps_scores_in_registers() {
 fn rms_norms_of_staged_16_bit_tiles_keep_rows_in_registers() {
     // QK-norm attention normalises each V tile in the loop: whole 16-bit rows are read, scaled
     // and written 16 bytes at a time, into the padded tile that feeds the P V matmul.
-    let a = Attn { b: 2, h: 64, d: 64, s: 1024, splits: 4, frange: 4, qsplit: 1 };
-    let pair = zoo::attention(a, true, DType::Float16).expect("zoo");
+    let pair = zoo::attention(attn(), true, DType::Float16).expect("zoo");
     let src = kernel_source(&pair.ugraph);
     let body = loop_body(&src);
     assert!(body.contains("mi::rms_norm_rows_vec<NT, 64, 64, 72, 72, mi::f16>("), "{body}");

@@ -18,6 +18,12 @@ template <class A, class B> struct same_type { static constexpr bool value = fal
 template <class A> struct same_type<A, A> { static constexpr bool value = true; };
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+// 2^x with the hardware's approximation (MUFU.EX2; 2^-inf = 0).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // ------------------------------------------------------------------ threads
 __device__ __forceinline__ int lin_tid() {
@@ -438,13 +444,17 @@ __device__ __forceinline__ void ldsm_x2_trans(unsigned* r, const void* p) {
 #endif
 }
 
-__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
+// By shared-window address (bytes), so that constant offsets fold into the instruction.
+__device__ __forceinline__ void ldsm_x4_trans_at(unsigned* r, unsigned s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
 #endif
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
+  ldsm_x4_trans_at(r, (unsigned)__cvta_generic_to_shared(p));
 }
 
 // Tensor-core path: each warp owns fragments of 16 x (8*NF) outputs, m16n8k16 with fp32
@@ -744,21 +754,36 @@ __device__ __forceinline__ unsigned pack_f32x2(float lo, float hi, bf16*) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
-template <int NT, int BATCH, int M, int D, int N, int DV, int LDQ, int LDK, int LDV, int KS, typename T,
-          typename TQ>
+template <int NT, int BATCH, int M, int D, int N, int DV, int LDQ, int LDK, int LDV, int RG, int KS,
+          typename T, typename TQ>
 struct Flash {
   static_assert((NT / 32) % BATCH == 0, "flash: warps per batch item");
   static constexpr int NW = NT / 32 / BATCH, MW = M / 16;
-  static constexpr int RG = MW > NW ? MW / NW : 1;  // row groups per warp
-  static constexpr int WR = MW / RG;                 // warps along rows
-  static constexpr int NC = N / KS, NFS = NC / 8, NFO = DV / 8, KQ = D / 16, KP = NC / 16;
+  static_assert(MW % RG == 0, "flash: row groups per warp");
+  static constexpr int WR = MW / RG;  // warps along rows
+  static constexpr int NC = N / KS, NFO = DV / 8, KQ = D / 16;
+  // Keys per online-softmax update: 32 / RG, at least 16 (S and P in 16 + 8 registers per
+  // row group), or the largest 16-multiple dividing NC below that. Measured on the H100
+  // against 64 / RG: the same or slightly faster, with fewer registers.
+  __host__ __device__ static constexpr int pick_cw() {
+    int c = 32 / RG < 16 ? 16 : 32 / RG;
+    while (NC % c != 0) c -= 16;
+    return c;
+  }
+  static constexpr int CW = pick_cw(), NFC = CW / 8, KPC = CW / 16;
   static_assert(M % 16 == 0 && D % 16 == 0 && N % (16 * KS) == 0 && DV % 16 == 0, "flash tile shape");
   static_assert(WR * KS <= NW, "flash warps");
   unsigned q[RG][KQ][4];
   float o[RG][NFO][4];
-  float m[RG][2], l[RG][2];
+  // Per row (g and g + 8 of each group): m, the reference max the exponentials use; x, the
+  // true running max; l, the row sum relative to m. m trails x by at most TH (natural log
+  // units): O and l are rescaled only when a row's max passes m + TH, so P = exp(S - m)
+  // stays below 2^8 (exact in fp16/bf16 scale) and most iterations skip the rescale.
+  float m[RG][2], x[RG][2], l[RG][2];
   int lane, bt, wr, slice;
+  unsigned kofs, vofs;  // this lane's byte offsets in a K and a V tile
   bool active;
+  static constexpr float L2E = 1.4426950408889634f, TH = 8.0f * 0.6931471805599453f;
 
   __device__ __forceinline__ void init() {
     const int w = (lin_tid() >> 5) % NW;
@@ -767,26 +792,27 @@ struct Flash {
     wr = w % WR;
     slice = w / WR;
     active = slice < KS;
+    const int c0 = slice * NC, lr = lane & 15, lc = (lane >> 4) * 8;
+    kofs = (unsigned)((bt * D * LDK + lr * LDK + c0 + lc) * 2);
+    vofs = (unsigned)((bt * N * LDV + (c0 + lr) * LDV + lc) * 2);
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
-      m[r][0] = m[r][1] = neg_inf();
+      m[r][0] = m[r][1] = x[r][0] = x[r][1] = neg_inf();
       l[r][0] = l[r][1] = 0.0f;
 #pragma unroll
       for (int j = 0; j < NFO; ++j) o[r][j][0] = o[r][j][1] = o[r][j][2] = o[r][j][3] = 0.0f;
     }
   }
 
-  // One iteration: `first` reloads Q's fragments (Q is loop-invariant).
+  // One iteration: `first` reloads Q's fragments (Q is loop-invariant). Every K and V
+  // fragment is read from shared memory once and used for all RG row groups.
   __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, bool first) {
     if (!active) return;
-    const int c0 = slice * NC;
     Q += bt * M * LDQ;
-    K += bt * D * LDK;
-    V += bt * N * LDV;
+    if (first) {
 #pragma unroll
-    for (int r = 0; r < RG; ++r) {
-      const int row0 = (wr * RG + r) * 16;
-      if (first) {
+      for (int r = 0; r < RG; ++r) {
+        const int row0 = (wr * RG + r) * 16;
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk) {
           if constexpr (same_type<TQ, T>::value) {
@@ -802,63 +828,115 @@ struct Flash {
           }
         }
       }
-      float s[NFS][4];
+    }
+    const unsigned kb = (unsigned)__cvta_generic_to_shared(K) + kofs;
+    const unsigned vb = (unsigned)__cvta_generic_to_shared(V) + vofs;
+    // The warp's NC keys in chunks of CW, each a full online-softmax update (bounds the
+    // registers S and P take whatever the tile's key count).
+    // Software-pipelined: chunk c + 1's S = Q K is issued before chunk c's softmax, so the
+    // tensor cores work while the exponentials run.
+    float s[2][RG][NFC][4];
+    qk(kb, s[0]);
 #pragma unroll
-      for (int j = 0; j < NFS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int c = 0; c < NC / CW; ++c) {
+      if (c + 1 < NC / CW) qk(kb + (c + 1) * CW * 2, s[(c + 1) & 1]);
+      soft_pv(s[c & 1], vb + c * CW * LDV * 2);
+    }
+  }
+
+  // S = Q K over one chunk of keys.
+  __device__ __forceinline__ void qk(const unsigned kb, float (&s)[RG][NFC][4]) {
 #pragma unroll
-      for (int kk = 0; kk < KQ; ++kk) {
+    for (int r = 0; r < RG; ++r)
 #pragma unroll
-        for (int jj = 0; jj < NFS / 2; ++jj) {
-          unsigned b[4];
-          ldsm_x4_trans(b, K + (kk * 16 + (lane & 15)) * LDK + c0 + jj * 16 + (lane >> 4) * 8);
-          mma_16816<T>(s[2 * jj], q[r][kk], b);
-          mma_16816<T>(s[2 * jj + 1], q[r][kk], b + 2);
+      for (int j = 0; j < NFC; ++j) s[r][j][0] = s[r][j][1] = s[r][j][2] = s[r][j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) {
+#pragma unroll
+      for (int jj = 0; jj < NFC / 2; ++jj) {
+        unsigned b[4];
+        ldsm_x4_trans_at(b, kb + (kk * 16 * LDK + jj * 16) * 2);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+          mma_16816<T>(s[r][2 * jj], q[r][kk], b);
+          mma_16816<T>(s[r][2 * jj + 1], q[r][kk], b + 2);
         }
       }
-      // Row max of rows g and g + 8 (a quad holds a row's columns).
-      float mx0 = neg_inf(), mx1 = neg_inf();
+    }
+  }
+
+  // The online-softmax update of one chunk: row maxima, the rescale, P = exp(S - m) and
+  // O += P V.
+  __device__ __forceinline__ void soft_pv(float (&s)[RG][NFC][4], const unsigned vb) {
+    // Row maxima of rows g and g + 8 (a quad holds a row's columns); the rescale, when any
+    // row of the warp needs one.
+    float mx[RG][2];
+    bool grow = false;
 #pragma unroll
-      for (int j = 0; j < NFS; ++j) {
-        mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+    for (int r = 0; r < RG; ++r) {
+      float mx0 = fmaxf(s[r][0][0], s[r][0][1]), mx1 = fmaxf(s[r][0][2], s[r][0][3]);
+#pragma unroll
+      for (int j = 1; j < NFC; ++j) {
+        mx0 = fmaxf(mx0, fmaxf(s[r][j][0], s[r][j][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[r][j][2], s[r][j][3]));
       }
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float n0 = fmaxf(m[r][0], mx0), n1 = fmaxf(m[r][1], mx1);
-      const float a0 = __expf(m[r][0] - n0), a1 = __expf(m[r][1] - n1);
-      m[r][0] = n0;
-      m[r][1] = n1;
-      // P = exp(S - m), its row sums, and P as the A operand of P V.
-      unsigned pa[KP][4];
+      mx[r][0] = mx0;
+      mx[r][1] = mx1;
+      x[r][0] = fmaxf(x[r][0], mx0);
+      x[r][1] = fmaxf(x[r][1], mx1);
+      grow |= mx0 > m[r][0] + TH || mx1 > m[r][1] + TH;
+    }
+    if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+      for (int r = 0; r < RG; ++r) {
+        const float n0 = fmaxf(m[r][0], mx[r][0]), n1 = fmaxf(m[r][1], mx[r][1]);
+        const float a0 = ex2((m[r][0] - n0) * L2E), a1 = ex2((m[r][1] - n1) * L2E);
+        m[r][0] = n0;
+        m[r][1] = n1;
+        l[r][0] *= a0;
+        l[r][1] *= a1;
+#pragma unroll
+        for (int j = 0; j < NFO; ++j) {
+          o[r][j][0] *= a0;
+          o[r][j][1] *= a0;
+          o[r][j][2] *= a1;
+          o[r][j][3] *= a1;
+        }
+      }
+    }
+    // P = exp(S - m) = 2^(S log2e - m log2e) (one FMA and one MUFU.EX2), its row sums, and P
+    // as the A operand of P V.
+    unsigned pa[RG][KPC][4];
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      const float b0 = -m[r][0] * L2E, b1 = -m[r][1] * L2E;
       float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
-      for (int j = 0; j < NFS; ++j) {
-        const float e0 = __expf(s[j][0] - n0), e1 = __expf(s[j][1] - n0);
-        const float e2 = __expf(s[j][2] - n1), e3 = __expf(s[j][3] - n1);
+      for (int j = 0; j < NFC; ++j) {
+        const float e0 = ex2(fmaf(s[r][j][0], L2E, b0)), e1 = ex2(fmaf(s[r][j][1], L2E, b0));
+        const float e2 = ex2(fmaf(s[r][j][2], L2E, b1)), e3 = ex2(fmaf(s[r][j][3], L2E, b1));
         ls0 += e0 + e1;
         ls1 += e2 + e3;
-        pa[j / 2][(j % 2) * 2] = pack_f32x2(e0, e1, (T*)nullptr);
-        pa[j / 2][(j % 2) * 2 + 1] = pack_f32x2(e2, e3, (T*)nullptr);
+        pa[r][j / 2][(j % 2) * 2] = pack_f32x2(e0, e1, (T*)nullptr);
+        pa[r][j / 2][(j % 2) * 2 + 1] = pack_f32x2(e2, e3, (T*)nullptr);
       }
-      l[r][0] = l[r][0] * a0 + ls0;
-      l[r][1] = l[r][1] * a1 + ls1;
+      l[r][0] += ls0;
+      l[r][1] += ls1;
+    }
 #pragma unroll
-      for (int j = 0; j < NFO; ++j) {
-        o[r][j][0] *= a0;
-        o[r][j][1] *= a0;
-        o[r][j][2] *= a1;
-        o[r][j][3] *= a1;
-      }
+    for (int kk = 0; kk < KPC; ++kk) {
 #pragma unroll
-      for (int kk = 0; kk < KP; ++kk) {
+      for (int jj = 0; jj < NFO / 2; ++jj) {
+        unsigned b[4];
+        ldsm_x4_trans_at(b, vb + (kk * 16 * LDV + jj * 16) * 2);
 #pragma unroll
-        for (int jj = 0; jj < NFO / 2; ++jj) {
-          unsigned b[4];
-          ldsm_x4_trans(b, V + (c0 + kk * 16 + (lane & 15)) * LDV + jj * 16 + (lane >> 4) * 8);
-          mma_16816<T>(o[r][2 * jj], pa[kk], b);
-          mma_16816<T>(o[r][2 * jj + 1], pa[kk], b + 2);
+        for (int r = 0; r < RG; ++r) {
+          mma_16816<T>(o[r][2 * jj], pa[r][kk], b);
+          mma_16816<T>(o[r][2 * jj + 1], pa[r][kk], b + 2);
         }
       }
     }
@@ -870,12 +948,21 @@ struct Flash {
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
     const int g = lane >> 2, qd = lane & 3;
     const int ob = bt * M;  // this warp's first row of O, L and X
+    // Relative to the true max from here on: m = x.
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         l[r][h] += __shfl_xor_sync(0xffffffffu, l[r][h], 1);
         l[r][h] += __shfl_xor_sync(0xffffffffu, l[r][h], 2);
+        const float a = ex2((m[r][h] - x[r][h]) * L2E);
+        m[r][h] = x[r][h];
+        l[r][h] *= a;
+#pragma unroll
+        for (int j = 0; j < NFO; ++j) {
+          o[r][j][2 * h] *= a;
+          o[r][j][2 * h + 1] *= a;
+        }
       }
     }
     if constexpr (KS == 1) {

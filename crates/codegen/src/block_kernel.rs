@@ -818,10 +818,11 @@ impl Ctx<'_> {
             bg.forloop_range,
             n_stages
         );
-        // The attention region holds its tiles in registers: ask for at most 128 per thread at
-        // 256 threads so that two blocks share an SM (latency hiding needs the warps).
-        let bounds =
-            if self.flash.is_some() && self.nt >= 256 { format!("{}, 2", self.nt) } else { self.nt.to_string() };
+        // The attention region holds its tiles in registers: beyond one wave, ask for at most
+        // 128 per thread at 256 threads so that two blocks share an SM (latency hiding needs
+        // the warps); a grid of one wave gains nothing from the cap.
+        let two = self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt >= 256;
+        let bounds = if two { format!("{}, 2", self.nt) } else { self.nt.to_string() };
         wl!(s, "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{", params.join(", "));
         wl!(s, "  extern __shared__ __align__(16) unsigned char mi_smem[];");
         wl!(s, "  constexpr int NT = {};", self.nt);
@@ -868,13 +869,13 @@ impl Ctx<'_> {
                     }
                 }
                 if let Some((f, _)) = &self.flash {
-                    let ks = f.slices(self.nt);
+                    let (rg, ks) = f.warps(self.nt);
                     let ld = |t: STensorId| self.layout[t].map_or(self.dims(t)[self.dims(t).len() - 1], |l| l.ld);
                     let ty = self.storage[f.k].map_or("float", Storage::cty);
                     let tq = self.storage[f.q].map_or("float", Storage::cty);
                     wl!(
                         s,
-                        "  mi::Flash<NT, {}, {}, {}, {}, {}, {}, {}, {}, {ks}, {ty}, {tq}> fa;",
+                        "  mi::Flash<NT, {}, {}, {}, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}> fa;",
                         f.batch,
                         f.m,
                         f.d,

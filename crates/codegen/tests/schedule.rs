@@ -94,6 +94,19 @@ fn exp_tiles_stay_fp32_unless_the_running_max_bounds_them() {
 }
 
 #[test]
+fn attention_warps_take_two_row_groups_only_in_one_wave() {
+    // 8 blocks (one wave): each of the 4 warps takes 2 row groups of 16 and the warps split
+    // every key chunk 2 ways (RG 2, KS 2).
+    let one = kernel_source(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph);
+    assert!(one.contains("mi::Flash<NT, 1, 64, 64, 64, 64, 72, 72, 72, 2, 2, mi::f16"), "{one}");
+    // 256 blocks: one row group per warp (RG 1), so that registers stay within what several
+    // blocks per SM allow.
+    let many = Attn { b: 64, ..attn() };
+    let src = kernel_source(&zoo::attention_online(many, DType::Float16).expect("zoo").ugraph);
+    assert!(src.contains("mi::Flash<NT, 1, 64, 64, 64, 64, 72, 72, 72, 1, "), "{src}");
+}
+
+#[test]
 fn online_attention_keeps_scores_in_registers() {
     // The online-softmax loop (scores, running max, P, row sums, P V) is one register-resident
     // step: the loop has only the pipeline's barrier and materialises no score tile; the

@@ -844,25 +844,34 @@ struct Flash {
     }
   }
 
+  // acc[r] += A[r] B for every row group r: B (KSTEPS x 16 rows by NF x 8 columns, row pitch
+  // LD elements, at shared-window address `b0`) is read once with ldmatrix.trans and shared
+  // by the RG row groups; A is in mma A-fragments, one per 16-deep step.
+  template <int KSTEPS, int NF, int LD, int KA, int NACC>
+  __device__ __forceinline__ static void mma_rows(const unsigned b0, const unsigned (&a)[RG][KA][4],
+                                                  float (&acc)[RG][NACC][4]) {
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+#pragma unroll
+      for (int jj = 0; jj < NF / 2; ++jj) {
+        unsigned b[4];
+        ldsm_x4_trans_at(b, b0 + (kk * 16 * LD + jj * 16) * 2);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+          mma_16816<T>(acc[r][2 * jj], a[r][kk], b);
+          mma_16816<T>(acc[r][2 * jj + 1], a[r][kk], b + 2);
+        }
+      }
+    }
+  }
+
   // S = Q K over one chunk of keys.
   __device__ __forceinline__ void qk(const unsigned kb, float (&s)[RG][NFC][4]) {
 #pragma unroll
     for (int r = 0; r < RG; ++r)
 #pragma unroll
       for (int j = 0; j < NFC; ++j) s[r][j][0] = s[r][j][1] = s[r][j][2] = s[r][j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) {
-#pragma unroll
-      for (int jj = 0; jj < NFC / 2; ++jj) {
-        unsigned b[4];
-        ldsm_x4_trans_at(b, kb + (kk * 16 * LDK + jj * 16) * 2);
-#pragma unroll
-        for (int r = 0; r < RG; ++r) {
-          mma_16816<T>(s[r][2 * jj], q[r][kk], b);
-          mma_16816<T>(s[r][2 * jj + 1], q[r][kk], b + 2);
-        }
-      }
-    }
+    mma_rows<KQ, NFC, LDK>(kb, q, s);
   }
 
   // The online-softmax update of one chunk: row maxima, the rescale, P = exp(S - m) and
@@ -927,19 +936,7 @@ struct Flash {
       l[r][0] += ls0;
       l[r][1] += ls1;
     }
-#pragma unroll
-    for (int kk = 0; kk < KPC; ++kk) {
-#pragma unroll
-      for (int jj = 0; jj < NFO / 2; ++jj) {
-        unsigned b[4];
-        ldsm_x4_trans_at(b, vb + (kk * 16 * LDV + jj * 16) * 2);
-#pragma unroll
-        for (int r = 0; r < RG; ++r) {
-          mma_16816<T>(o[r][2 * jj], pa[r][kk], b);
-          mma_16816<T>(o[r][2 * jj + 1], pa[r][kk], b + 2);
-        }
-      }
-    }
+    mma_rows<KPC, NFO, LDV>(vb, pa, o);
   }
 
   // After the loop: O ([BATCH][M][DV]), L and X ([BATCH][M], either may be null) in fp32

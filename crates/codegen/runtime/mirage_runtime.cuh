@@ -740,8 +740,9 @@ __device__ __forceinline__ void matmul_tile(const TA* A, const TB* B, float* scr
 // the block graph). Per batch item b < BATCH: Q is [M][D] (row pitch LDQ, type TQ: 16-bit T
 // or fp32, converted once), each iteration's K is [D][N] (LDK) and V is [N][DV] (LDV), 16-bit
 // T, all in shared memory. The warps split evenly over batch items; within one, warp w takes
-// RG row groups of 16 rows (group (w % WR) * RG + r) and key slice w / WR of width N / KS;
-// each slice keeps its own running max, and `finish` combines the slices once, after the
+// RG row groups of 16 rows (group (w % WR) * RG + r) and key slice w / WR of width N / KS,
+// updated in chunks of CW keys; each slice keeps its own running max (codegen's flash.rs
+// picks RG, KS and CW), and `finish` combines the slices once, after the
 // loop, into
 //   O[b][m][j] = sum_n exp(S[m][n] - X[m]) V[n][j],  L[b][m] = sum_n exp(S[m][n] - X[m]),
 //   X[b][m] = max_n S[m][n]   (n over every iteration's keys; fp32, row-major).
@@ -754,23 +755,16 @@ __device__ __forceinline__ unsigned pack_f32x2(float lo, float hi, bf16*) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
-template <int NT, int BATCH, int M, int D, int N, int DV, int LDQ, int LDK, int LDV, int RG, int KS,
+template <int NT, int BATCH, int M, int D, int N, int DV, int LDQ, int LDK, int LDV, int RG, int KS, int CW,
           typename T, typename TQ>
 struct Flash {
   static_assert((NT / 32) % BATCH == 0, "flash: warps per batch item");
   static constexpr int NW = NT / 32 / BATCH, MW = M / 16;
   static_assert(MW % RG == 0, "flash: row groups per warp");
   static constexpr int WR = MW / RG;  // warps along rows
-  static constexpr int NC = N / KS, NFO = DV / 8, KQ = D / 16;
-  // Keys per online-softmax update: 32 / RG, at least 16 (S and P in 16 + 8 registers per
-  // row group), or the largest 16-multiple dividing NC below that. Measured on the H100
-  // against 64 / RG: the same or slightly faster, with fewer registers.
-  __host__ __device__ static constexpr int pick_cw() {
-    int c = 32 / RG < 16 ? 16 : 32 / RG;
-    while (NC % c != 0) c -= 16;
-    return c;
-  }
-  static constexpr int CW = pick_cw(), NFC = CW / 8, KPC = CW / 16;
+  // CW: keys per online-softmax update (codegen's FlashRegion::chunk).
+  static constexpr int NC = N / KS, NFO = DV / 8, KQ = D / 16, NFC = CW / 8, KPC = CW / 16;
+  static_assert(CW % 16 == 0 && NC % CW == 0, "flash: softmax chunk");
   static_assert(M % 16 == 0 && D % 16 == 0 && N % (16 * KS) == 0 && DV % 16 == 0, "flash tile shape");
   static_assert(WR * KS <= NW, "flash warps");
   unsigned q[RG][KQ][4];

@@ -870,12 +870,13 @@ impl Ctx<'_> {
                 }
                 if let Some((f, _)) = &self.flash {
                     let (rg, ks) = f.warps(self.nt);
+                    let cw = f.chunk(rg, ks);
                     let ld = |t: STensorId| self.layout[t].map_or(self.dims(t)[self.dims(t).len() - 1], |l| l.ld);
                     let ty = self.storage[f.k].map_or("float", Storage::cty);
                     let tq = self.storage[f.q].map_or("float", Storage::cty);
                     wl!(
                         s,
-                        "  mi::Flash<NT, {}, {}, {}, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}> fa;",
+                        "  mi::Flash<NT, {}, {}, {}, {}, {}, {}, {}, {}, {rg}, {ks}, {cw}, {ty}, {tq}> fa;",
                         f.batch,
                         f.m,
                         f.d,

@@ -96,9 +96,9 @@ fn exp_tiles_stay_fp32_unless_the_running_max_bounds_them() {
 #[test]
 fn attention_warps_take_two_row_groups_only_in_one_wave() {
     // 8 blocks (one wave): each of the 4 warps takes 2 row groups of 16 and the warps split
-    // every key chunk 2 ways (RG 2, KS 2).
+    // every key chunk 2 ways (RG 2, KS 2), updating the softmax 16 keys at a time (CW 16).
     let one = kernel_source(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph);
-    assert!(one.contains("mi::Flash<NT, 1, 64, 64, 64, 64, 72, 72, 72, 2, 2, mi::f16"), "{one}");
+    assert!(one.contains("mi::Flash<NT, 1, 64, 64, 64, 64, 72, 72, 72, 2, 2, 16, mi::f16"), "{one}");
     // 256 blocks: one row group per warp (RG 1), so that registers stay within what several
     // blocks per SM allow.
     let many = Attn { b: 64, ..attn() };

@@ -407,6 +407,12 @@ __device__ __forceinline__ unsigned pack2(const T* p, bool ok0, bool ok1, int i0
   return lo | (hi << 16);
 }
 
+// Two 16-bit ones packed in a word (an mma operand of ones).
+template <typename T>
+__device__ __forceinline__ unsigned one_x2() {
+  return same_type<T, f16>::value ? 0x3C003C00u : 0x3F803F80u;
+}
+
 template <typename T>
 __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const unsigned* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -641,7 +647,11 @@ struct MmaAcc {
     const int t = lin_tid(), w = t >> 5, lane = t & 31;
     const int gi = w % G, slice = w / G;
     const int g = lane >> 2, q = lane & 3;
-    for (int s = slice; s < KSTEPS; s += KS) {
+    // A compile-time trip count: the k-steps unroll and their offsets fold into the loads.
+#pragma unroll
+    for (int i = 0; i < (KSTEPS + KS - 1) / KS; ++i) {
+      const int s = slice + i * KS;
+      if (KSTEPS % KS != 0 && s >= KSTEPS) break;
       const int k0 = s * 16;
       unsigned a[4];
       int am = -1;
@@ -698,6 +708,106 @@ struct MmaAcc {
               epi((b * M + r1) * N + c0, d[j][2], s == 0);
               epi((b * M + r1) * N + c0 + 1, d[j][3], s == 0);
             }
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+};
+
+// Row sums (SQ = false) or row sums of squares (SQ = true) of a loop's 16-bit tile, accumulated
+// in registers over the iterations on the tensor cores: for every 16 x 16 block of A (rows
+// LD elements apart), one m16n8k16 mma with B = ones gives the row sums; with SQ, two mma with
+// B = the block's own rows (the A fragment registers, reused) give A A^T, whose diagonal holds
+// the sums of squares. Products of 16-bit values are exact in fp32, so the result is that of
+// fp32 accumulation. Warps split row groups and 16-column steps like MmaAcc; `finish` adds the
+// slices once, after the loop. Rows past ROWS read as zero.
+template <int NT, int ROWS, int LEN, int LD, typename T, bool SQ>
+struct RowSumAcc {
+  static constexpr int NW = NT / 32, MT = (ROWS + 15) / 16, KSTEPS = LEN / 16;
+  static constexpr int G = MT < NW ? MT : NW;
+  static constexpr int KS = (NW / G) < KSTEPS ? (NW / G) : KSTEPS, FPW = (MT + G - 1) / G;
+  static constexpr int NB = SQ ? 2 : 1;
+  static constexpr bool A_LDSM = ROWS % 16 == 0 && LD % 8 == 0;
+  static_assert(LEN % 16 == 0 && LD % 2 == 0 && sizeof(T) == 2, "RowSumAcc tile shape");
+  float d[FPW][NB][4];
+
+  __device__ __forceinline__ RowSumAcc() {
+#pragma unroll
+    for (int j = 0; j < FPW; ++j)
+#pragma unroll
+      for (int h = 0; h < NB; ++h) d[j][h][0] = d[j][h][1] = d[j][h][2] = d[j][h][3] = 0.0f;
+  }
+
+  // One iteration: adds this warp's share of the tile.
+  __device__ __forceinline__ void step(const T* A) {
+    const int t = lin_tid(), w = t >> 5, lane = t & 31;
+    const int gi = w % G, slice = w / G;
+    const int g = lane >> 2, q = lane & 3;
+    if (slice >= KS) return;
+    const unsigned one = one_x2<T>();
+    const unsigned ones[2] = {one, one};
+#pragma unroll
+    for (int i = 0; i < (KSTEPS + KS - 1) / KS; ++i) {
+      const int s = slice + i * KS;
+      if (KSTEPS % KS != 0 && s >= KSTEPS) break;
+      const int k0 = s * 16;
+#pragma unroll
+      for (int j = 0; j < FPW; ++j) {
+        const int mt = gi + j * G;
+        if (MT % G == 0 || mt < MT) {
+          unsigned a[4];
+          if constexpr (A_LDSM) {
+            ldsm_x4(a, A + (mt * 16 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
+          } else {
+            const int r0 = mt * 16 + g, r1 = r0 + 8, ka = k0 + q * 2, kb = ka + 8;
+            a[0] = r0 < ROWS ? *reinterpret_cast<const unsigned*>(A + r0 * LD + ka) : 0u;
+            a[1] = r1 < ROWS ? *reinterpret_cast<const unsigned*>(A + r1 * LD + ka) : 0u;
+            a[2] = r0 < ROWS ? *reinterpret_cast<const unsigned*>(A + r0 * LD + kb) : 0u;
+            a[3] = r1 < ROWS ? *reinterpret_cast<const unsigned*>(A + r1 * LD + kb) : 0u;
+          }
+          if constexpr (SQ) {
+            const unsigned b0[2] = {a[0], a[2]}, b1[2] = {a[1], a[3]};
+            mma_16816<T>(d[j][0], a, b0);
+            mma_16816<T>(d[j][NB - 1], a, b1);
+          } else {
+            mma_16816<T>(d[j][0], a, ones);
+          }
+        }
+      }
+    }
+  }
+
+  // After the loop: store(r, v, first) for every row r, slice by slice (first: the first
+  // slice, which stores; the others add). Contains KS barriers: call from every thread.
+  template <class Store>
+  __device__ __forceinline__ void finish(Store store) {
+    const int t = lin_tid(), w = t >> 5, lane = t & 31;
+    const int gi = w % G, slice = w / G;
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll 1
+    for (int s = 0; s < KS; ++s) {
+      if (slice == s) {
+#pragma unroll
+        for (int j = 0; j < FPW; ++j) {
+          const int mt = gi + j * G;
+          if (MT % G == 0 || mt < MT) {
+            const int r0 = mt * 16 + g, r1 = r0 + 8;
+            float v0, v1;
+            bool mine;
+            if constexpr (SQ) {
+              // Diagonal of A A^T: (g, g) sits in lane (g, g / 2), element g % 2 of each half.
+              mine = q == g / 2;
+              v0 = (g & 1) ? d[j][0][1] : d[j][0][0];
+              v1 = (g & 1) ? d[j][1][3] : d[j][1][2];
+            } else {
+              mine = q == 0;
+              v0 = d[j][0][0];
+              v1 = d[j][0][2];
+            }
+            if (mine && r0 < ROWS) store(r0, v0, s == 0);
+            if (mine && r1 < ROWS) store(r1, v1, s == 0);
           }
         }
       }

@@ -63,6 +63,16 @@ enum Step {
     MatAccEnd { acc: usize },
 }
 
+impl Step {
+    /// The accumulator op of an accumulator update.
+    fn accum_op(self) -> Option<usize> {
+        match self {
+            Step::Accum { op } => Some(op),
+            _ => None,
+        }
+    }
+}
+
 /// A shared-memory buffer: size, live interval over step positions, byte offset.
 #[derive(Debug, Clone)]
 struct Buffer {
@@ -635,6 +645,42 @@ pub(crate) fn tile_base(
     }
 }
 
+/// The unrolled 16-byte copies of a tile (`vec` elements each, `nt` threads, a whole number of
+/// copies per thread) as constant (source, destination) element steps from each thread's first
+/// copy, when every thread's steps are the same: copy `u` of thread `t` moves element
+/// `i = (t + u nt) vec`, from device offset `src(i)` (tile dims over device strides) to shared
+/// index `pidx(i)` (rows of `inner` padded to `ld`). The kernel then computes one address pair
+/// per tile and thread instead of one per copy (about seven integer instructions each).
+pub(crate) fn copy_steps(
+    tile: &[usize],
+    strides: &[usize],
+    inner: usize,
+    ld: usize,
+    nt: usize,
+    vec: usize,
+) -> Option<Vec<(i64, i64)>> {
+    let n = numel(tile);
+    let reps = n / vec / nt;
+    let src = |i: usize| -> i64 {
+        let (mut rest, mut off) = (i, 0i64);
+        for (&d, &st) in tile.iter().zip(strides).rev() {
+            off += (rest % d) as i64 * st as i64;
+            rest /= d;
+        }
+        off
+    };
+    let dst = |i: usize| ((i / inner) * ld + i % inner) as i64;
+    let steps: Vec<(i64, i64)> = (0..reps).map(|u| (src(u * nt * vec) - src(0), dst(u * nt * vec) - dst(0))).collect();
+    let same = (0..nt).all(|t| {
+        let i0 = t * vec;
+        steps.iter().enumerate().all(|(u, &(sc, dc))| {
+            let i = i0 + u * nt * vec;
+            src(i) - src(i0) == sc && dst(i) - dst(i0) == dc
+        })
+    });
+    (same && reps <= 64).then_some(steps)
+}
+
 /// Whether offsets up to `max` need 64-bit arithmetic.
 pub(crate) fn wide(max: usize) -> bool {
     max >= i32::MAX as usize / 2
@@ -710,6 +756,24 @@ impl Ctx<'_> {
         format!("{}, {m}, {n}, {kk}, {lda}, {ldb}", numel(&da[..r - 2]))
     }
 
+    /// The `mi::RowSumAcc` type for loop accumulator `op` when its row sums (of squares, for
+    /// rms) are kept in registers on the tensor cores: a mean or rms accumulator (finalised
+    /// after the loop) of a 16-bit shared tile whose rows are 16-multiples of whole 16-byte
+    /// vectors, at most four row groups per warp.
+    fn sum_acc(&self, op: usize) -> Option<String> {
+        let aop = &self.bg.ops[op];
+        let BlockOpKind::ForloopAccum { acc: acc @ (Accum::Rms | Accum::Mean) } = aop.kind else { return None };
+        let x = aop.inputs[0];
+        let dx = self.dims(x);
+        let len = *dx.last()?;
+        let rows = numel(&dx[..dx.len() - 1]);
+        let (ld, cty) = self.vec_rows(x)?;
+        let nw = self.nt / 32;
+        let (mt, g) = (rows.div_ceil(16), rows.div_ceil(16).min(nw));
+        let ok = len.is_multiple_of(16) && self.bg.tensors[x].phase == Phase::Loop && mt.div_ceil(g) <= 4;
+        ok.then(|| format!("mi::RowSumAcc<NT, {rows}, {len}, {ld}, {cty}, {}>", acc == Accum::Rms))
+    }
+
     /// The `mi::MmaAcc` type of loop matmul `op` (operands: loaded 16-bit tiles).
     fn mma_acc_type(&self, op: usize) -> String {
         let ty = self.storage[self.bg.ops[op].inputs[0]].map_or("mi::f16", Storage::cty);
@@ -754,7 +818,19 @@ impl Ctx<'_> {
             wl!(s, "  if (mi::aligned16(in{k})) {{");
             // Unsigned indices (shifts and masks for power-of-two rows); a whole number of chunks
             // per thread unrolls with the addresses hoisted out of the loop.
-            if chunks.is_multiple_of(self.nt) {
+            let steps = chunks
+                .is_multiple_of(self.nt)
+                .then(|| copy_steps(tile, &dev.strides, l.inner, l.ld, self.nt, vec))
+                .flatten();
+            if let Some(steps) = &steps {
+                // Every copy of this thread is its first plus a constant: one address per tile.
+                wl!(s, "    const unsigned i = (unsigned)tid * {vec}u;");
+                wl!(s, "    const auto* const src = in{k} + base + {};", Self::tile_elem_offset(tile, &dev.strides));
+                wl!(s, "    auto* const dst = {dst} + mi::pidx<{}, {}>(i);", l.inner, l.ld);
+                for (sc, dc) in steps.iter() {
+                    wl!(s, "    mi::cp_async16(dst + {dc}, src + {sc}LL);");
+                }
+            } else if chunks.is_multiple_of(self.nt) {
                 wl!(s, "#pragma unroll");
                 wl!(s, "    for (int u = 0; u < {}; ++u) {{", chunks / self.nt);
                 wl!(s, "      const unsigned i = (unsigned)(tid + u * NT) * {vec}u;");
@@ -762,14 +838,16 @@ impl Ctx<'_> {
                 wl!(s, "    for (int c = tid; c < {chunks}; c += NT) {{");
                 wl!(s, "      const unsigned i = (unsigned)c * {vec}u;");
             }
-            wl!(
-                s,
-                "      mi::cp_async16({dst} + mi::pidx<{}, {}>(i), in{k} + base + {});",
-                l.inner,
-                l.ld,
-                Self::tile_elem_offset(tile, &dev.strides)
-            );
-            wl!(s, "    }}");
+            if steps.is_none() {
+                wl!(
+                    s,
+                    "      mi::cp_async16({dst} + mi::pidx<{}, {}>(i), in{k} + base + {});",
+                    l.inner,
+                    l.ld,
+                    Self::tile_elem_offset(tile, &dev.strides)
+                );
+                wl!(s, "    }}");
+            }
             wl!(s, "  }} else {{");
             wl!(s, "    {scalar}");
             wl!(s, "  }}");
@@ -821,7 +899,7 @@ impl Ctx<'_> {
         // The attention region holds its tiles in registers: beyond one wave, ask for at most
         // 128 per thread at 256 threads so that two blocks share an SM (latency hiding needs
         // the warps); a grid of one wave gains nothing from the cap.
-        let two = self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt >= 256;
+        let two = self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt == 256;
         let bounds = if two { format!("{}, 2", self.nt) } else { self.nt.to_string() };
         wl!(s, "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{", params.join(", "));
         wl!(s, "  extern __shared__ __align__(16) unsigned char mi_smem[];");
@@ -866,6 +944,9 @@ impl Ctx<'_> {
                 for (_, st) in steps {
                     if let Step::MatAcc { op, acc } = *st {
                         wl!(s, "  {} mm{acc};", self.mma_acc_type(op));
+                    }
+                    if let Some((op, ty)) = st.accum_op().and_then(|op| Some((op, self.sum_acc(op)?))) {
+                        wl!(s, "  {ty} rs{op};");
                     }
                 }
                 if let Some((f, _)) = &self.flash {
@@ -1218,6 +1299,9 @@ impl Ctx<'_> {
                 );
                 wl!(s, "}}");
             }
+            Step::Accum { op } if self.sum_acc(op).is_some() => {
+                wl!(s, "rs{op}.step({});", self.tile(bg.ops[op].inputs[0]));
+            }
             Step::Accum { op } => {
                 let aop = &bg.ops[op];
                 let (x, o) = (aop.inputs[0], aop.outputs[0]);
@@ -1284,6 +1368,9 @@ impl Ctx<'_> {
             Step::Finalize { op } => {
                 let aop = &bg.ops[op];
                 let (x, o) = (aop.inputs[0], aop.outputs[0]);
+                if self.sum_acc(op).is_some() {
+                    wl!(s, "rs{op}.finish([&](int r, float v, bool first) {{ t{o}[r] = first ? v : t{o}[r] + v; }});");
+                }
                 let dx = self.dims(x);
                 let n = dx[dx.len() - 1] * bg.forloop_range;
                 let e = match aop.kind {

@@ -61,7 +61,8 @@ impl FlashRegion {
     /// work (one `ldmatrix` per four `mma` instead of two). Measured on the H100: GQA b=16
     /// 48.7 -> 43.9 µs, MQA b=8 48.3 -> 44.0 µs. A larger grid keeps one row group, so that
     /// two blocks of at most 128 registers per thread share an SM: two row groups need about
-    /// 200, and QK-norm attention's many-block candidates lost up to 40% with them.
+    /// 200, and QK-norm attention's many-block candidates lost up to 40% with them; a block of
+    /// more than 256 threads cannot have 200 registers per thread at all (64K per SM).
     pub fn warps(&self, nt: usize) -> (usize, usize) {
         let nw = nt / 32 / self.batch.max(1);
         let mw = self.m / 16;
@@ -75,7 +76,12 @@ impl FlashRegion {
         let base = if mw > nw { mw / nw } else { 1 };
         let busy = |rg: usize| (mw / rg).min(nw) * slices(rg);
         let rg2 = base * 2;
-        if self.one_wave && mw.is_multiple_of(rg2) && busy(rg2) >= busy(base) && self.regs(rg2, slices(rg2)) <= 160 {
+        if self.one_wave
+            && nt <= 256
+            && mw.is_multiple_of(rg2)
+            && busy(rg2) >= busy(base)
+            && self.regs(rg2, slices(rg2)) <= 160
+        {
             return (rg2, slices(rg2));
         }
         (base, slices(base))

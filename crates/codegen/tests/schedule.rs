@@ -40,6 +40,9 @@ fn loop_tiles_are_pipelined_with_vector_copies() {
     assert!(src.contains("mi::cp_async16("), "16-byte async copies: {src}");
     assert!(src.contains("mi::cp_async_wait<2>();"), "waits for the current stage only: {src}");
     assert!(src.contains("if (mi::aligned16(in1))"), "pointer alignment is checked: {src}");
+    // One address pair per tile and thread; the copies add constants (W [256, 32]: 128 threads
+    // of 8 elements cover 32 rows, of pitch 40 in shared memory and 4096 in W).
+    assert!(src.contains("mi::cp_async16(dst + 1280, src + 131072LL);"), "{src}");
     let body = loop_body(&src);
     // The wait's barrier at the top of the iteration is the only one the loop needs: the
     // rms accumulator and the matmul read the staged tiles and write separate accumulators.
@@ -65,9 +68,13 @@ fn loop_matmul_sums_stay_in_registers() {
     assert!(body.contains(".step(t0, t1);"), "{body}");
     assert!(!body.contains("matmul_tile"), "{body}");
     assert_eq!(body.matches("__syncthreads()").count(), 1, "{body}");
-    assert!(body.contains("mi::row_sums_vec<NT, 16, 256, 264>"), "16-byte row sums of X^2: {body}");
+    // The rms accumulator's sums of squares also stay in registers, on the tensor cores.
+    assert!(src.contains("mi::RowSumAcc<NT, 16, 256, 264, mi::f16, true> rs"), "{src}");
+    assert!(body.contains(".step(t0);"), "{body}");
+    assert!(!body.contains("row_sums_vec"), "{body}");
     let after = &src[src.find(body).map_or(0, |i| i + body.len())..];
     assert!(after.contains(".finish([&](int c, float v, bool first)"), "{after}");
+    assert!(after.contains(".finish([&](int r, float v, bool first)"), "{after}");
 }
 
 #[test]

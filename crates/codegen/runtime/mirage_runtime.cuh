@@ -682,31 +682,43 @@ struct MmaAcc {
     }
   }
 
-  // After the loop: epi(c, v, first) for every element c = (b * M + m) * N + n of C, slice by
-  // slice (first: the first slice, which stores; the others add). Contains KS barriers: call
-  // from every thread.
-  template <class Epi>
-  __device__ __forceinline__ void finish(Epi epi) {
+  // After the loop: C += this block's sums, slice by slice, where ref(c) is element
+  // c = (b * M + m) * N + n of C (a float&). The first slice stores; the others add, reading
+  // all of a warp's elements before writing any (the reads then overlap). Contains KS
+  // barriers: call from every thread.
+  template <class Ref>
+  __device__ __forceinline__ void finish(Ref ref) {
     const int t = lin_tid(), w = t >> 5, lane = t & 31;
     const int gi = w % G, slice = w / G;
     const int g = lane >> 2, q = lane & 3;
 #pragma unroll 1
     for (int s = 0; s < KS; ++s) {
       if (slice == s) {
+        float v[FPW][4];
 #pragma unroll
         for (int j = 0; j < FPW; ++j) {
           const int f = gi + j * G;
+          const int bm = f / N8, n8 = f % N8;
+          const int b = bm / MT, mt = bm % MT;
+          const int r0 = mt * 16 + g, r1 = r0 + 8, c0 = n8 * 8 + q * 2;
+          const bool ok = FR % G == 0 || f < FR;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e < 2 ? r0 : r1;
+            v[j][e] = d[j][e] + (s > 0 && ok && r < M ? ref((b * M + r) * N + c0 + (e & 1)) : 0.0f);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < FPW; ++j) {
+          const int f = gi + j * G;
+          const int bm = f / N8, n8 = f % N8;
+          const int b = bm / MT, mt = bm % MT;
+          const int r0 = mt * 16 + g, r1 = r0 + 8, c0 = n8 * 8 + q * 2;
           if (FR % G == 0 || f < FR) {
-            const int bm = f / N8, n8 = f % N8;
-            const int b = bm / MT, mt = bm % MT;
-            const int r0 = mt * 16 + g, r1 = r0 + 8, c0 = n8 * 8 + q * 2;
-            if (r0 < M) {
-              epi((b * M + r0) * N + c0, d[j][0], s == 0);
-              epi((b * M + r0) * N + c0 + 1, d[j][1], s == 0);
-            }
-            if (r1 < M) {
-              epi((b * M + r1) * N + c0, d[j][2], s == 0);
-              epi((b * M + r1) * N + c0 + 1, d[j][3], s == 0);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int r = e < 2 ? r0 : r1;
+              if (r < M) ref((b * M + r) * N + c0 + (e & 1)) = v[j][e];
             }
           }
         }

@@ -1095,7 +1095,7 @@ impl Ctx<'_> {
             Step::MatAccEnd { acc } => {
                 let o = bg.ops[acc].outputs[0];
                 let c = self.at(o, "c");
-                wl!(s, "mm{acc}.finish([&](int c, float v, bool first) {{ {c} = first ? v : {c} + v; }});");
+                wl!(s, "mm{acc}.finish([&](int c) -> float& {{ return {c}; }});");
             }
             Step::Flash => {
                 let Some((f, _)) = &self.flash else { return unsupported("internal error: no attention region") };

@@ -76,7 +76,7 @@ _BACKENDS = ("cuda", "cpu")
 #: Candidates verified and timed when a GPU profiles them (the cost model's best).
 _GPU_TOP_N = 32
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 6
+_CACHE_VERSION = 7
 #: Candidates compiled and timed on a GPU.
 PROFILE_TOP_N = 32
 
@@ -308,10 +308,10 @@ def _device_smem_limit(backend: str) -> int | None:
     return optin * 3 // 4 or None
 
 
-def _random_inputs(graph: KNGraph, device: int) -> list[Any]:
+def _random_inputs(graph: KNGraph, device: int, seed: int = 0) -> list[Any]:
     import torch
 
-    gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
+    gen = torch.Generator(device=f"cuda:{device}").manual_seed(seed)
     out = []
     for t in graph.inputs:
         x = torch.randn(*t.dims, generator=gen, device=f"cuda:{device}", dtype=torch.float32)
@@ -319,10 +319,25 @@ def _random_inputs(graph: KNGraph, device: int) -> list[Any]:
     return out
 
 
-def _time_one(exe: Any, inputs: list[Any], warmup: int, iters: int) -> tuple[float, str]:
-    """Median microseconds of one launch of ``exe`` and how it was timed."""
+def _input_sets(graph: KNGraph, device: int) -> list[list[Any]]:
+    """Input sets that the timing rotates through: together more than three times the L2
+    cache (2 to 64 sets), so that every launch reads its operands from device memory, as a
+    model's weights are read, rather than from a cache warmed by the previous launch."""
     import torch
 
+    first = _random_inputs(graph, device)
+    nbytes = sum(x.numel() * x.element_size() for x in first)
+    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20))
+    n = min(64, max(2, math.ceil(3 * l2 / max(nbytes, 1)) + 1))
+    return [first] + [_random_inputs(graph, device, seed) for seed in range(1, n)]
+
+
+def _time_one(exe: Any, sets: list[list[Any]], warmup: int, iters: int) -> tuple[float, str]:
+    """Median microseconds of one launch of ``exe``, rotating through the input ``sets``
+    (see `_input_sets`), and how it was timed."""
+    import torch
+
+    inputs = sets[0] if sets else []
     device = inputs[0].device if inputs else torch.device("cuda", exe.device)
     outs = [
         torch.empty_strided(tuple(d), tuple(s), dtype=getattr(torch, dt), device=device)
@@ -330,25 +345,25 @@ def _time_one(exe: Any, inputs: list[Any], warmup: int, iters: int) -> tuple[flo
     ]
     nbytes = exe.workspace_bytes
     ws = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
-    ins = [x.data_ptr() for x in inputs]
+    ins = [[x.data_ptr() for x in xs] for xs in sets] or [[]]
     ptrs = [o.data_ptr() for o in outs]
     wptr = ws.data_ptr() if ws is not None else 0
 
-    def launch() -> None:
-        exe.launch(ins, ptrs, wptr, torch.cuda.current_stream(device).cuda_stream)
+    def launch(i: int = 0) -> None:
+        exe.launch(ins[i % len(ins)], ptrs, wptr, torch.cuda.current_stream(device).cuda_stream)
 
     with torch.cuda.device(device):
-        for _ in range(max(warmup, 1)):
-            launch()
+        for i in range(max(warmup, len(ins))):
+            launch(i)
         torch.cuda.synchronize(device)
-        inner = max(1, min(iters, 20))
+        inner = max(1, min(iters, 20), len(ins))
         reps = max(1, math.ceil(iters / inner))
         graph = None
         try:
             cg = torch.cuda.CUDAGraph()
             with torch.cuda.graph(cg):
-                for _ in range(inner):
-                    launch()
+                for i in range(inner):
+                    launch(i)
             graph = cg
             graph.replay()
             torch.cuda.synchronize(device)
@@ -363,8 +378,8 @@ def _time_one(exe: Any, inputs: list[Any], warmup: int, iters: int) -> tuple[flo
             if graph is not None:
                 graph.replay()
             else:
-                for _ in range(inner):
-                    launch()
+                for i in range(inner):
+                    launch(i)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3 / inner)
@@ -395,7 +410,7 @@ def _profile(
             except (RuntimeError, ValueError) as e:  # NVRTC error, shared memory, unsupported
                 exes.append(None)
                 skipped[h] = str(e).splitlines()[0] if str(e) else type(e).__name__
-    inputs = _random_inputs(graphs[0], device) if graphs else []
+    sets = _input_sets(graphs[0], device) if graphs else []
     timings: dict[str, float] = {}
     best: int | None = None
     for i, (h, exe) in enumerate(zip(hashes, exes)):
@@ -404,7 +419,7 @@ def _profile(
                 print(f"[mirage] candidate {i} ({h[:12]}): skipped: {skipped[h]}", file=sys.stderr)
             continue
         try:
-            us, how = _time_one(exe, inputs, warmup, iters)
+            us, how = _time_one(exe, sets, warmup, iters)
         except RuntimeError as e:
             skipped[h] = f"launch failed: {e}"
             if verbose:

@@ -615,6 +615,22 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
   }
 }
 
+// The A fragment of an m16n8k16 mma: rows mt*16.. and columns k0..k0+15 of a 16-bit tile with
+// rows LD elements apart; rows at or past M read as zero. LDSM: whole rows of 16-byte
+// vectors (M % 16 == 0, LD % 8 == 0), read with one ldmatrix.
+template <int M, int LD, bool LDSM, typename T>
+__device__ __forceinline__ void a_frag(unsigned* a, const T* A, int mt, int k0, int lane) {
+  if constexpr (LDSM) {
+    ldsm_x4(a, A + (mt * 16 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
+  } else {
+    const int r0 = mt * 16 + (lane >> 2), r1 = r0 + 8, ka = k0 + (lane & 3) * 2, kb = ka + 8;
+    a[0] = r0 < M ? *reinterpret_cast<const unsigned*>(A + r0 * LD + ka) : 0u;
+    a[1] = r1 < M ? *reinterpret_cast<const unsigned*>(A + r1 * LD + ka) : 0u;
+    a[2] = r0 < M ? *reinterpret_cast<const unsigned*>(A + r0 * LD + kb) : 0u;
+    a[3] = r1 < M ? *reinterpret_cast<const unsigned*>(A + r1 * LD + kb) : 0u;
+  }
+}
+
 // A loop matmul whose product only feeds a plain for-loop sum, C = sum over iterations of A B,
 // accumulated in registers: warp w keeps fragments gi, gi + G, ... of C (gi = w % G) over the
 // k-steps s = slice, slice + KS, ... of every iteration (slice = w / G, G = NW / KS warp groups),
@@ -646,7 +662,6 @@ struct MmaAcc {
   __device__ __forceinline__ void step(const T* A, const T* B) {
     const int t = lin_tid(), w = t >> 5, lane = t & 31;
     const int gi = w % G, slice = w / G;
-    const int g = lane >> 2, q = lane & 3;
     // A compile-time trip count: the k-steps unroll and their offsets fold into the loads.
 #pragma unroll
     for (int i = 0; i < (KSTEPS + KS - 1) / KS; ++i) {
@@ -663,16 +678,7 @@ struct MmaAcc {
           const int b = bm / MT, mt = bm % MT;
           if (bm != am) {
             am = bm;
-            const T* Ab = A + b * M * LDA;
-            if constexpr (A_LDSM) {
-              ldsm_x4(a, Ab + (mt * 16 + (lane & 15)) * LDA + k0 + (lane >> 4) * 8);
-            } else {
-              const int r0 = mt * 16 + g, r1 = r0 + 8, ka = k0 + q * 2, kb = ka + 8;
-              a[0] = r0 < M ? *reinterpret_cast<const unsigned*>(Ab + r0 * LDA + ka) : 0u;
-              a[1] = r1 < M ? *reinterpret_cast<const unsigned*>(Ab + r1 * LDA + ka) : 0u;
-              a[2] = r0 < M ? *reinterpret_cast<const unsigned*>(Ab + r0 * LDA + kb) : 0u;
-              a[3] = r1 < M ? *reinterpret_cast<const unsigned*>(Ab + r1 * LDA + kb) : 0u;
-            }
+            a_frag<M, LDA, A_LDSM>(a, A + b * M * LDA, mt, k0, lane);
           }
           unsigned bb[2];
           ldsm_x2_trans(bb, B + b * K * LDB + (k0 + (lane & 15)) * LDB + n8 * 8);
@@ -756,7 +762,6 @@ struct RowSumAcc {
   __device__ __forceinline__ void step(const T* A) {
     const int t = lin_tid(), w = t >> 5, lane = t & 31;
     const int gi = w % G, slice = w / G;
-    const int g = lane >> 2, q = lane & 3;
     if (slice >= KS) return;
     const unsigned one = one_x2<T>();
     const unsigned ones[2] = {one, one};
@@ -770,15 +775,7 @@ struct RowSumAcc {
         const int mt = gi + j * G;
         if (MT % G == 0 || mt < MT) {
           unsigned a[4];
-          if constexpr (A_LDSM) {
-            ldsm_x4(a, A + (mt * 16 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
-          } else {
-            const int r0 = mt * 16 + g, r1 = r0 + 8, ka = k0 + q * 2, kb = ka + 8;
-            a[0] = r0 < ROWS ? *reinterpret_cast<const unsigned*>(A + r0 * LD + ka) : 0u;
-            a[1] = r1 < ROWS ? *reinterpret_cast<const unsigned*>(A + r1 * LD + ka) : 0u;
-            a[2] = r0 < ROWS ? *reinterpret_cast<const unsigned*>(A + r0 * LD + kb) : 0u;
-            a[3] = r1 < ROWS ? *reinterpret_cast<const unsigned*>(A + r1 * LD + kb) : 0u;
-          }
+          a_frag<ROWS, LD, A_LDSM>(a, A, mt, k0, lane);
           if constexpr (SQ) {
             const unsigned b0[2] = {a[0], a[2]}, b1[2] = {a[1], a[3]};
             mma_16816<T>(d[j][0], a, b0);

@@ -615,6 +615,18 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
   }
 }
 
+// Runs f() on the warps of K slice 0, then slice 1, ... (slice: this warp's), with a barrier
+// after each: how register accumulators split over K slices add into one shared tile. Call
+// from every thread.
+template <int KS, class F>
+__device__ __forceinline__ void by_slices(int slice, F f) {
+#pragma unroll 1
+  for (int s = 0; s < KS; ++s) {
+    if (slice == s) f(s);
+    __syncthreads();
+  }
+}
+
 // The A fragment of an m16n8k16 mma: rows mt*16.. and columns k0..k0+15 of a 16-bit tile with
 // rows LD elements apart; rows at or past M read as zero. LDSM: whole rows of 16-byte
 // vectors (M % 16 == 0, LD % 8 == 0), read with one ldmatrix.
@@ -697,40 +709,36 @@ struct MmaAcc {
     const int t = lin_tid(), w = t >> 5, lane = t & 31;
     const int gi = w % G, slice = w / G;
     const int g = lane >> 2, q = lane & 3;
-#pragma unroll 1
-    for (int s = 0; s < KS; ++s) {
-      if (slice == s) {
-        float v[FPW][4];
+    by_slices<KS>(slice, [&](int s) {
+      float v[FPW][4];
 #pragma unroll
-        for (int j = 0; j < FPW; ++j) {
-          const int f = gi + j * G;
-          const int bm = f / N8, n8 = f % N8;
-          const int b = bm / MT, mt = bm % MT;
-          const int r0 = mt * 16 + g, r1 = r0 + 8, c0 = n8 * 8 + q * 2;
-          const bool ok = FR % G == 0 || f < FR;
+      for (int j = 0; j < FPW; ++j) {
+        const int f = gi + j * G;
+        const int bm = f / N8, n8 = f % N8;
+        const int b = bm / MT, mt = bm % MT;
+        const int r0 = mt * 16 + g, r1 = r0 + 8, c0 = n8 * 8 + q * 2;
+        const bool ok = FR % G == 0 || f < FR;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e < 2 ? r0 : r1;
+          v[j][e] = d[j][e] + (s > 0 && ok && r < M ? ref((b * M + r) * N + c0 + (e & 1)) : 0.0f);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < FPW; ++j) {
+        const int f = gi + j * G;
+        const int bm = f / N8, n8 = f % N8;
+        const int b = bm / MT, mt = bm % MT;
+        const int r0 = mt * 16 + g, r1 = r0 + 8, c0 = n8 * 8 + q * 2;
+        if (FR % G == 0 || f < FR) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int r = e < 2 ? r0 : r1;
-            v[j][e] = d[j][e] + (s > 0 && ok && r < M ? ref((b * M + r) * N + c0 + (e & 1)) : 0.0f);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < FPW; ++j) {
-          const int f = gi + j * G;
-          const int bm = f / N8, n8 = f % N8;
-          const int b = bm / MT, mt = bm % MT;
-          const int r0 = mt * 16 + g, r1 = r0 + 8, c0 = n8 * 8 + q * 2;
-          if (FR % G == 0 || f < FR) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int r = e < 2 ? r0 : r1;
-              if (r < M) ref((b * M + r) * N + c0 + (e & 1)) = v[j][e];
-            }
+            if (r < M) ref((b * M + r) * N + c0 + (e & 1)) = v[j][e];
           }
         }
       }
-      __syncthreads();
-    }
+    });
   }
 };
 
@@ -788,40 +796,37 @@ struct RowSumAcc {
     }
   }
 
-  // After the loop: store(r, v, first) for every row r, slice by slice (first: the first
-  // slice, which stores; the others add). Contains KS barriers: call from every thread.
-  template <class Store>
-  __device__ __forceinline__ void finish(Store store) {
+  // After the loop: row r of the sums += this block's sums, slice by slice, where ref(r) is
+  // that row's float&; the first slice stores, the others add. Contains KS barriers: call
+  // from every thread.
+  template <class Ref>
+  __device__ __forceinline__ void finish(Ref ref) {
     const int t = lin_tid(), w = t >> 5, lane = t & 31;
     const int gi = w % G, slice = w / G;
     const int g = lane >> 2, q = lane & 3;
-#pragma unroll 1
-    for (int s = 0; s < KS; ++s) {
-      if (slice == s) {
+    by_slices<KS>(slice, [&](int s) {
 #pragma unroll
-        for (int j = 0; j < FPW; ++j) {
-          const int mt = gi + j * G;
-          if (MT % G == 0 || mt < MT) {
-            const int r0 = mt * 16 + g, r1 = r0 + 8;
-            float v0, v1;
-            bool mine;
-            if constexpr (SQ) {
-              // Diagonal of A A^T: (g, g) sits in lane (g, g / 2), element g % 2 of each half.
-              mine = q == g / 2;
-              v0 = (g & 1) ? d[j][0][1] : d[j][0][0];
-              v1 = (g & 1) ? d[j][1][3] : d[j][1][2];
-            } else {
-              mine = q == 0;
-              v0 = d[j][0][0];
-              v1 = d[j][0][2];
-            }
-            if (mine && r0 < ROWS) store(r0, v0, s == 0);
-            if (mine && r1 < ROWS) store(r1, v1, s == 0);
+      for (int j = 0; j < FPW; ++j) {
+        const int mt = gi + j * G;
+        if (MT % G == 0 || mt < MT) {
+          const int r0 = mt * 16 + g, r1 = r0 + 8;
+          float v0, v1;
+          bool mine;
+          if constexpr (SQ) {
+            // Diagonal of A A^T: (g, g) sits in lane (g, g / 2), element g % 2 of each half.
+            mine = q == g / 2;
+            v0 = (g & 1) ? d[j][0][1] : d[j][0][0];
+            v1 = (g & 1) ? d[j][1][3] : d[j][1][2];
+          } else {
+            mine = q == 0;
+            v0 = d[j][0][0];
+            v1 = d[j][0][2];
           }
+          if (mine && r0 < ROWS) ref(r0) = s == 0 ? v0 : ref(r0) + v0;
+          if (mine && r1 < ROWS) ref(r1) = s == 0 ? v1 : ref(r1) + v1;
         }
       }
-      __syncthreads();
-    }
+    });
   }
 };
 

@@ -63,16 +63,6 @@ enum Step {
     MatAccEnd { acc: usize },
 }
 
-impl Step {
-    /// The accumulator op of an accumulator update.
-    fn accum_op(self) -> Option<usize> {
-        match self {
-            Step::Accum { op } => Some(op),
-            _ => None,
-        }
-    }
-}
-
 /// A shared-memory buffer: size, live interval over step positions, byte offset.
 #[derive(Debug, Clone)]
 struct Buffer {
@@ -818,27 +808,24 @@ impl Ctx<'_> {
             wl!(s, "  if (mi::aligned16(in{k})) {{");
             // Unsigned indices (shifts and masks for power-of-two rows); a whole number of chunks
             // per thread unrolls with the addresses hoisted out of the loop.
-            let steps = chunks
-                .is_multiple_of(self.nt)
-                .then(|| copy_steps(tile, &dev.strides, l.inner, l.ld, self.nt, vec))
-                .flatten();
-            if let Some(steps) = &steps {
+            let whole = chunks.is_multiple_of(self.nt);
+            if let Some(steps) = whole.then(|| copy_steps(tile, &dev.strides, l.inner, l.ld, self.nt, vec)).flatten() {
                 // Every copy of this thread is its first plus a constant: one address per tile.
                 wl!(s, "    const unsigned i = (unsigned)tid * {vec}u;");
                 wl!(s, "    const auto* const src = in{k} + base + {};", Self::tile_elem_offset(tile, &dev.strides));
                 wl!(s, "    auto* const dst = {dst} + mi::pidx<{}, {}>(i);", l.inner, l.ld);
-                for (sc, dc) in steps.iter() {
+                for (sc, dc) in steps {
                     wl!(s, "    mi::cp_async16(dst + {dc}, src + {sc}LL);");
                 }
-            } else if chunks.is_multiple_of(self.nt) {
-                wl!(s, "#pragma unroll");
-                wl!(s, "    for (int u = 0; u < {}; ++u) {{", chunks / self.nt);
-                wl!(s, "      const unsigned i = (unsigned)(tid + u * NT) * {vec}u;");
             } else {
-                wl!(s, "    for (int c = tid; c < {chunks}; c += NT) {{");
-                wl!(s, "      const unsigned i = (unsigned)c * {vec}u;");
-            }
-            if steps.is_none() {
+                if whole {
+                    wl!(s, "#pragma unroll");
+                    wl!(s, "    for (int u = 0; u < {}; ++u) {{", chunks / self.nt);
+                    wl!(s, "      const unsigned i = (unsigned)(tid + u * NT) * {vec}u;");
+                } else {
+                    wl!(s, "    for (int c = tid; c < {chunks}; c += NT) {{");
+                    wl!(s, "      const unsigned i = (unsigned)c * {vec}u;");
+                }
                 wl!(
                     s,
                     "      mi::cp_async16({dst} + mi::pidx<{}, {}>(i), in{k} + base + {});",
@@ -945,8 +932,10 @@ impl Ctx<'_> {
                     if let Step::MatAcc { op, acc } = *st {
                         wl!(s, "  {} mm{acc};", self.mma_acc_type(op));
                     }
-                    if let Some((op, ty)) = st.accum_op().and_then(|op| Some((op, self.sum_acc(op)?))) {
-                        wl!(s, "  {ty} rs{op};");
+                    if let Step::Accum { op } = *st {
+                        if let Some(ty) = self.sum_acc(op) {
+                            wl!(s, "  {ty} rs{op};");
+                        }
                     }
                 }
                 if let Some((f, _)) = &self.flash {
@@ -1369,7 +1358,7 @@ impl Ctx<'_> {
                 let aop = &bg.ops[op];
                 let (x, o) = (aop.inputs[0], aop.outputs[0]);
                 if self.sum_acc(op).is_some() {
-                    wl!(s, "rs{op}.finish([&](int r, float v, bool first) {{ t{o}[r] = first ? v : t{o}[r] + v; }});");
+                    wl!(s, "rs{op}.finish([&](int r) -> float& {{ return t{o}[r]; }});");
                 }
                 let dx = self.dims(x);
                 let n = dx[dx.len() - 1] * bg.forloop_range;

@@ -56,6 +56,26 @@ __device__ __forceinline__ int pidx(int i) {
   }
 }
 
+// Shared-memory index of (row, col) in a tile of INNER-element rows stored unpadded, each row's
+// 16-byte chunks (CE elements) XOR-swizzled by the row. With CH = 2 or 4 chunks per row, one
+// chunk of 8 consecutive rows (an ldmatrix phase) and a quarter warp's 16-byte copies into
+// consecutive rows (cp.async) each land in 8 distinct groups of 4 banks; padding cannot serve
+// both.
+template <int INNER, int CE>
+__device__ __forceinline__ int swz(int row, int col) {
+  constexpr unsigned CH = INNER / CE, RS = 8 / CH;
+  static_assert(CH == 2 || CH == 4, "swz: rows of 2 or 4 chunks");
+  const unsigned r = static_cast<unsigned>(row), c = static_cast<unsigned>(col);
+  return static_cast<int>(r * INNER + ((c / CE) ^ ((r / RS) % CH)) * CE + c % CE);
+}
+
+// Shared-memory index of element i (row-major) of such a swizzled tile.
+template <int INNER, int CE>
+__device__ __forceinline__ int swz(int i) {
+  const unsigned u = static_cast<unsigned>(i);
+  return swz<INNER, CE>(static_cast<int>(u / INNER), static_cast<int>(u % INNER));
+}
+
 // Whether a device pointer is 16-byte aligned (the vector copy path needs it).
 __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull;
@@ -615,18 +635,6 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
   }
 }
 
-// Runs f() on the warps of K slice 0, then slice 1, ... (slice: this warp's), with a barrier
-// after each: how register accumulators split over K slices add into one shared tile. Call
-// from every thread.
-template <int KS, class F>
-__device__ __forceinline__ void by_slices(int slice, F f) {
-#pragma unroll 1
-  for (int s = 0; s < KS; ++s) {
-    if (slice == s) f(s);
-    __syncthreads();
-  }
-}
-
 // The A fragment of an m16n8k16 mma: rows mt*16.. and columns k0..k0+15 of a 16-bit tile with
 // rows LD elements apart; rows at or past M read as zero. LDSM: whole rows of 16-byte
 // vectors (M % 16 == 0, LD % 8 == 0), read with one ldmatrix.
@@ -648,8 +656,9 @@ __device__ __forceinline__ void a_frag(unsigned* a, const T* A, int mt, int k0, 
 // k-steps s = slice, slice + KS, ... of every iteration (slice = w / G, G = NW / KS warp groups),
 // so an iteration has no barrier and no shared-memory traffic for C. `finish` adds the KS slices
 // into C once, after the loop. A and B: 16-bit tiles in shared memory, K % 16 == 0, N % 8 == 0,
-// LDB a multiple of 8 (ldmatrix rows); A rows past M read as zero.
-template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T>
+// LDB a multiple of 8 (ldmatrix rows); A rows past M read as zero. SWB: B is stored unpadded
+// with its rows' chunks swizzled (`swz`, LDB == N).
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWB = false>
 struct MmaAcc {
   static constexpr int NW = NT / 32, MT = (M + 15) / 16, N8 = N / 8, KSTEPS = K / 16;
   static constexpr int FR = BATCH * MT * N8;
@@ -693,52 +702,71 @@ struct MmaAcc {
             a_frag<M, LDA, A_LDSM>(a, A + b * M * LDA, mt, k0, lane);
           }
           unsigned bb[2];
-          ldsm_x2_trans(bb, B + b * K * LDB + (k0 + (lane & 15)) * LDB + n8 * 8);
+          const int br = b * K + k0 + (lane & 15);
+          if constexpr (SWB) {
+            ldsm_x2_trans(bb, B + swz<N, 8>(br, n8 * 8));
+          } else {
+            ldsm_x2_trans(bb, B + br * LDB + n8 * 8);
+          }
           mma_16816<T>(d[j], a, bb);
         }
       }
     }
   }
 
-  // After the loop: C += this block's sums, slice by slice, where ref(c) is element
-  // c = (b * M + m) * N + n of C (a float&). The first slice stores; the others add, reading
-  // all of a warp's elements before writing any (the reads then overlap). Contains KS
-  // barriers: call from every thread.
+  // Floats of shared scratch `finish` needs: a float4 per lane, fragment and K slice (none
+  // with one slice).
+  static constexpr int SCRATCH = KS > 1 ? KS * FR * 128 : 0;
+
+  // After the loop: C = this block's sums, where ref(c) is element c = (b * M + m) * N + n of C
+  // (a float&). With K slices, every warp stores its fragments to `scratch` (SCRATCH floats),
+  // and after one barrier the threads add the slices of each fragment in slice order, in
+  // parallel. Call from every thread; the caller orders what follows.
   template <class Ref>
-  __device__ __forceinline__ void finish(Ref ref) {
+  __device__ __forceinline__ void finish(float* scratch, Ref ref) {
     const int t = lin_tid(), w = t >> 5, lane = t & 31;
     const int gi = w % G, slice = w / G;
-    const int g = lane >> 2, q = lane & 3;
-    by_slices<KS>(slice, [&](int s) {
-      float v[FPW][4];
+    // Element (r, c) pairs of fragment f in lane ln: rows r0, r0 + 8, columns c0, c0 + 1.
+    const auto put = [&](int f, int ln, const float* v) {
+      const int bm = f / N8, n8 = f % N8, b = bm / MT, mt = bm % MT;
+      const int r0 = mt * 16 + (ln >> 2), r1 = r0 + 8, c0 = n8 * 8 + (ln & 3) * 2;
+      if (r0 < M) {
+        ref((b * M + r0) * N + c0) = v[0];
+        ref((b * M + r0) * N + c0 + 1) = v[1];
+      }
+      if (r1 < M) {
+        ref((b * M + r1) * N + c0) = v[2];
+        ref((b * M + r1) * N + c0 + 1) = v[3];
+      }
+    };
+    if constexpr (KS == 1) {
 #pragma unroll
       for (int j = 0; j < FPW; ++j) {
         const int f = gi + j * G;
-        const int bm = f / N8, n8 = f % N8;
-        const int b = bm / MT, mt = bm % MT;
-        const int r0 = mt * 16 + g, r1 = r0 + 8, c0 = n8 * 8 + q * 2;
-        const bool ok = FR % G == 0 || f < FR;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e < 2 ? r0 : r1;
-          v[j][e] = d[j][e] + (s > 0 && ok && r < M ? ref((b * M + r) * N + c0 + (e & 1)) : 0.0f);
-        }
+        if (FR % G == 0 || f < FR) put(f, lane, d[j]);
       }
+    } else {
+      float4* const sc = reinterpret_cast<float4*>(scratch);
 #pragma unroll
       for (int j = 0; j < FPW; ++j) {
         const int f = gi + j * G;
-        const int bm = f / N8, n8 = f % N8;
-        const int b = bm / MT, mt = bm % MT;
-        const int r0 = mt * 16 + g, r1 = r0 + 8, c0 = n8 * 8 + q * 2;
-        if (FR % G == 0 || f < FR) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e < 2 ? r0 : r1;
-            if (r < M) ref((b * M + r) * N + c0 + (e & 1)) = v[j][e];
-          }
-        }
+        if (FR % G == 0 || f < FR) sc[(slice * FR + f) * 32 + lane] = make_float4(d[j][0], d[j][1], d[j][2], d[j][3]);
       }
-    });
+      __syncthreads();
+      for (int x = t; x < FR * 32; x += NT) {
+        float4 v = sc[x];
+#pragma unroll
+        for (int s = 1; s < KS; ++s) {
+          const float4 u = sc[s * FR * 32 + x];
+          v.x += u.x;
+          v.y += u.y;
+          v.z += u.z;
+          v.w += u.w;
+        }
+        const float e[4] = {v.x, v.y, v.z, v.w};
+        put(x >> 5, x & 31, e);
+      }
+    }
   }
 };
 
@@ -796,15 +824,19 @@ struct RowSumAcc {
     }
   }
 
-  // After the loop: row r of the sums += this block's sums, slice by slice, where ref(r) is
-  // that row's float&; the first slice stores, the others add. Contains KS barriers: call
-  // from every thread.
+  // Floats of shared scratch `finish` needs: a row's sum per K slice (none with one slice).
+  static constexpr int SCRATCH = KS > 1 ? KS * MT * 16 : 0;
+
+  // After the loop: row r of the sums = this block's sums, where ref(r) is that row's float&.
+  // With K slices, each slice's row sums go to `scratch` (SCRATCH floats) and after one
+  // barrier a thread per row adds them in slice order. Call from every thread; the caller
+  // orders what follows.
   template <class Ref>
-  __device__ __forceinline__ void finish(Ref ref) {
+  __device__ __forceinline__ void finish(float* scratch, Ref ref) {
     const int t = lin_tid(), w = t >> 5, lane = t & 31;
     const int gi = w % G, slice = w / G;
     const int g = lane >> 2, q = lane & 3;
-    by_slices<KS>(slice, [&](int s) {
+    if (slice < KS) {
 #pragma unroll
       for (int j = 0; j < FPW; ++j) {
         const int mt = gi + j * G;
@@ -822,11 +854,25 @@ struct RowSumAcc {
             v0 = d[j][0][0];
             v1 = d[j][0][2];
           }
-          if (mine && r0 < ROWS) ref(r0) = s == 0 ? v0 : ref(r0) + v0;
-          if (mine && r1 < ROWS) ref(r1) = s == 0 ? v1 : ref(r1) + v1;
+          if (KS == 1) {
+            if (mine && r0 < ROWS) ref(r0) = v0;
+            if (mine && r1 < ROWS) ref(r1) = v1;
+          } else if (mine) {
+            scratch[slice * MT * 16 + r0] = v0;
+            scratch[slice * MT * 16 + r1] = v1;
+          }
         }
       }
-    });
+    }
+    if constexpr (KS > 1) {
+      __syncthreads();
+      for (int r = t; r < ROWS; r += NT) {
+        float v = scratch[r];
+#pragma unroll
+        for (int s = 1; s < KS; ++s) v += scratch[s * MT * 16 + r];
+        ref(r) = v;
+      }
+    }
   }
 };
 

@@ -98,6 +98,9 @@ struct Ctx<'a> {
     stages: usize,
     /// The register-resident attention region and its combine scratch offset.
     flash: Option<(FlashRegion, Option<usize>)>,
+    /// Per op: the shared scratch (byte offset, bytes) of the `finish` of its register
+    /// accumulator (`mi::MmaAcc` of a loop matmul's accumulator, `mi::RowSumAcc`).
+    acc_scratch: Vec<Option<(usize, usize)>>,
 }
 
 /// How an input tile sits in shared memory.
@@ -107,12 +110,38 @@ struct Layout {
     inner: usize,
     /// Row pitch in elements (`inner` or `inner` + 16 bytes of padding).
     ld: usize,
+    /// Elements per 16-byte chunk when the rows are unpadded and their chunks XOR-swizzled by
+    /// the row (`mi::swz`; rows of 2 or 4 chunks, read only as a tensor-core B operand).
+    swz: Option<usize>,
     /// Rows (product of the other dims).
     rows: usize,
     /// Whether 16-byte vector copies apply (checked again at run time for the pointer).
     vector: bool,
     /// Whether the loop prefetches it in `stages` buffers (a per-iteration tile).
     staged: bool,
+}
+
+impl Layout {
+    /// Shared-memory index of tile element `i` (row-major), in Rust.
+    fn offset(&self, i: usize) -> usize {
+        let (row, col) = (i / self.inner, i % self.inner);
+        match self.swz {
+            Some(ce) => {
+                let ch = self.inner / ce;
+                row * self.inner + ((col / ce) ^ ((row / (8 / ch)) % ch)) * ce + col % ce
+            }
+            None => row * self.ld + col,
+        }
+    }
+
+    /// Shared-memory index of tile element `idx` (a C++ expression).
+    fn index(&self, idx: &str) -> String {
+        match self.swz {
+            Some(ce) => format!("mi::swz<{}, {ce}>({idx})", self.inner),
+            None if self.ld != self.inner => format!("mi::pidx<{}, {}>({idx})", self.inner, self.ld),
+            None => idx.to_string(),
+        }
+    }
 }
 
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
@@ -429,6 +458,14 @@ fn emit_with(
         }
     }
 
+    // Whether tile `t` is read only as the B operand of register-accumulated loop matmuls.
+    let only_mma_b = |t: STensorId| {
+        let mut readers = steps.iter().filter(|&&(sec, st)| rw(sec, st).1.contains(&t)).peekable();
+        readers.peek().is_some()
+            && readers.all(|&(_, st)| {
+                matches!(st, Step::MatAcc { op, .. } if bg.ops[op].inputs[1] == t && bg.ops[op].inputs[0] != t)
+            })
+    };
     // Input tiles materialised in shared memory: their row pitch (padded against bank
     // conflicts when the rows are whole 16-byte chunks) and whether the loop stages them.
     let mut layout: Vec<Option<Layout>> = vec![None; n_t];
@@ -444,8 +481,14 @@ fn emit_with(
             let vector = dev.strides[r - 1] == 1
                 && (inner * es).is_multiple_of(16)
                 && (0..r - 1).all(|d| dev.dims[d] == 1 || (dev.strides[d] * es).is_multiple_of(16));
-            let ld = if vector && rows > 1 && ((inner * es) / 16).is_multiple_of(2) { inner + 16 / es } else { inner };
-            layout[t] = Some(Layout { inner, ld, rows, vector, staged: sec == Section::Loop });
+            // Rows of 2 or 4 chunks: no padding keeps both a quarter warp's copies (spanning
+            // rows) and ldmatrix's 8 rows of one chunk free of bank conflicts; a swizzle does.
+            let chunks = inner * es / 16;
+            let swz =
+                (vector && es == 2 && rows > 1 && (chunks == 2 || chunks == 4) && only_mma_b(t)).then_some(16 / es);
+            let ld =
+                if swz.is_none() && vector && rows > 1 && chunks.is_multiple_of(2) { inner + 16 / es } else { inner };
+            layout[t] = Some(Layout { inner, ld, swz, rows, vector, staged: sec == Section::Loop });
         }
     }
 
@@ -456,7 +499,7 @@ fn emit_with(
         let inner = tile[tile.len() - 1];
         let rows = numel(tile) / inner;
         if st != Storage::F32 && streamed[t].is_none() && mm_operand[t] && rows > 1 && (inner * 2).is_multiple_of(32) {
-            layout[t] = Some(Layout { inner, ld: inner + 8, rows, vector: false, staged: false });
+            layout[t] = Some(Layout { inner, ld: inner + 8, swz: None, rows, vector: false, staged: false });
         }
     }
 
@@ -496,7 +539,38 @@ fn emit_with(
     }
 
     let flash_end = steps.iter().position(|(_, st)| *st == Step::FlashEnd);
-    // Buffers for a stage count, with in-place element-wise groups; first-fit placement.
+    // Scratch of the register accumulators' finishes (live at their one step): (step, op, bytes).
+    let acc_scratch: Vec<(usize, usize, usize)> = steps
+        .iter()
+        .enumerate()
+        .filter_map(|(pos, &(_, st))| {
+            let (op, floats) = match st {
+                Step::MatAccEnd { acc } => {
+                    let m = accumulated_matmul(bg, acc)?;
+                    let (da, db) = (&bg.tensors[bg.ops[m].inputs[0]].dims, &bg.tensors[bg.ops[m].inputs[1]].dims);
+                    let r = da.len();
+                    (acc, mma_acc_scratch(nt, numel(&da[..r - 2]), da[r - 2], db[r - 1], da[r - 1]))
+                }
+                Step::Finalize { op } => {
+                    // Only what `Ctx::sum_acc` may keep in registers: a 16-bit loop tile's rows.
+                    let x = &bg.tensors[bg.ops[op].inputs[0]];
+                    if x.phase != Phase::Loop || x.dtype.size_bytes() != 2 {
+                        return None;
+                    }
+                    let dx = &x.dims;
+                    let len = dx[dx.len() - 1];
+                    let rows = numel(&dx[..dx.len() - 1]);
+                    let ks = row_sum_slices(nt, rows, len);
+                    (op, if ks > 1 { ks * rows.div_ceil(16) * 16 } else { 0 })
+                }
+                _ => return None,
+            };
+            (floats > 0).then_some((pos, op, floats * 4))
+        })
+        .collect();
+    // Buffers for a stage count, with in-place element-wise groups; first-fit placement. The
+    // accumulators' scratch buffers follow the tiles' (`n_t` onwards in `acc_scratch` order),
+    // the attention combine scratch comes last.
     let plan = |stages: usize| -> (Vec<Buffer>, Vec<Option<usize>>, usize) {
         let mut buffers: Vec<Buffer> = Vec::new();
         let mut buf_of: Vec<Option<usize>> = vec![None; n_t];
@@ -535,6 +609,11 @@ fn emit_with(
                 }
             }
         }
+        let first_scratch = buffers.len();
+        for &(pos, _, bytes) in &acc_scratch {
+            buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0 });
+        }
+        debug_assert_eq!(buffers.len(), first_scratch + acc_scratch.len());
         if let (Some(f), Some(pos)) = (&fr, flash_end) {
             let bytes = f.combine_bytes(nt);
             if bytes > 0 {
@@ -568,13 +647,61 @@ fn emit_with(
         let off = (f.combine_bytes(nt) > 0).then(|| buffers.last().map_or(0, |b| b.offset));
         (f, off)
     });
-    let ctx = Ctx { bg, ins, outs, groups, nt, storage, streamed, input_ops, layout, stages, flash };
+    let fa_buffers = usize::from(flash.as_ref().is_some_and(|(_, off)| off.is_some()));
+    let first_scratch = buffers.len() - fa_buffers - acc_scratch.len();
+    let mut acc_scratch_at: Vec<Option<(usize, usize)>> = vec![None; n_ops];
+    for (j, &(_, op, bytes)) in acc_scratch.iter().enumerate() {
+        acc_scratch_at[op] = Some((buffers[first_scratch + j].offset, bytes));
+    }
+    let ctx = Ctx {
+        bg,
+        ins,
+        outs,
+        groups,
+        nt,
+        storage,
+        streamed,
+        input_ops,
+        layout,
+        stages,
+        flash,
+        acc_scratch: acc_scratch_at,
+    };
     // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.
     let has_matmul = steps.iter().any(|(_, st)| matches!(st, Step::Matmul { .. }));
     let scratch = if has_matmul { Some(smem_bytes) } else { None };
     let total = smem_bytes + if has_matmul { nt * 16 } else { 0 };
     let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, scratch, total)?;
     Ok(Some(Emitted { source: src, smem_bytes: total }))
+}
+
+/// The loop matmul whose product accumulator op `acc` sums.
+fn accumulated_matmul(bg: &BlockGraph, acc: usize) -> Option<usize> {
+    let x = bg.ops[acc].inputs[0];
+    bg.ops.iter().position(|o| matches!(o.kind, BlockOpKind::Matmul) && o.outputs[0] == x)
+}
+
+/// Floats of shared scratch that `mi::MmaAcc::finish` takes (its `SCRATCH`, by its `pick_ks`):
+/// a float4 per lane, fragment and K slice when the warps split K, else none.
+pub(crate) fn mma_acc_scratch(nt: usize, batch: usize, m: usize, n: usize, k: usize) -> usize {
+    let nw = nt / 32;
+    let fr = batch * m.div_ceil(16) * (n / 8);
+    let mut ks = 1;
+    while nw.is_multiple_of(ks * 2) && ks * 2 <= k / 16 && fr.div_ceil(nw / (ks * 2)) <= 16 {
+        ks *= 2;
+    }
+    if ks > 1 {
+        ks * fr * 128
+    } else {
+        0
+    }
+}
+
+/// K slices of `mi::RowSumAcc` over `rows` rows of `len` (its `KS`).
+pub(crate) fn row_sum_slices(nt: usize, rows: usize, len: usize) -> usize {
+    let nw = nt / 32;
+    let g = rows.div_ceil(16).min(nw);
+    (nw / g).min(len / 16).max(1)
 }
 
 /// First-fit placement of buffers by lifetime; returns the total bytes.
@@ -639,16 +766,9 @@ pub(crate) fn tile_base(
 /// copies per thread) as constant (source, destination) element steps from each thread's first
 /// copy, when every thread's steps are the same: copy `u` of thread `t` moves element
 /// `i = (t + u nt) vec`, from device offset `src(i)` (tile dims over device strides) to shared
-/// index `pidx(i)` (rows of `inner` padded to `ld`). The kernel then computes one address pair
+/// index `layout.offset(i)` (padded or swizzled rows). The kernel then computes one address pair
 /// per tile and thread instead of one per copy (about seven integer instructions each).
-pub(crate) fn copy_steps(
-    tile: &[usize],
-    strides: &[usize],
-    inner: usize,
-    ld: usize,
-    nt: usize,
-    vec: usize,
-) -> Option<Vec<(i64, i64)>> {
+fn copy_steps(tile: &[usize], strides: &[usize], layout: &Layout, nt: usize, vec: usize) -> Option<Vec<(i64, i64)>> {
     let n = numel(tile);
     let reps = n / vec / nt;
     let src = |i: usize| -> i64 {
@@ -659,7 +779,7 @@ pub(crate) fn copy_steps(
         }
         off
     };
-    let dst = |i: usize| ((i / inner) * ld + i % inner) as i64;
+    let dst = |i: usize| layout.offset(i) as i64;
     let steps: Vec<(i64, i64)> = (0..reps).map(|u| (src(u * nt * vec) - src(0), dst(u * nt * vec) - dst(0))).collect();
     let same = (0..nt).all(|t| {
         let i0 = t * vec;
@@ -764,18 +884,38 @@ impl Ctx<'_> {
         ok.then(|| format!("mi::RowSumAcc<NT, {rows}, {len}, {ld}, {cty}, {}>", acc == Accum::Rms))
     }
 
+    /// The shared scratch (byte offset, bytes) of a register accumulator's finish at `step`.
+    fn finish_scratch(&self, step: Step) -> Option<(usize, usize)> {
+        match step {
+            Step::MatAccEnd { acc: op } | Step::Finalize { op } => self.acc_scratch[op],
+            _ => None,
+        }
+    }
+
+    /// The scratch pointer argument of the finish of accumulator type `ty` at `step`
+    /// (`nullptr` when it needs none), after a compile-time check of its size into `s`.
+    fn scratch_arg(&self, step: Step, ty: &str, s: &mut String) -> String {
+        let (ptr, bytes) = match self.finish_scratch(step) {
+            Some((off, bytes)) => (format!("reinterpret_cast<float*>(mi_smem + {off})"), bytes),
+            None => ("nullptr".to_string(), 0),
+        };
+        wl!(s, "static_assert({ty}::SCRATCH * 4 <= {bytes}, \"finish scratch\");");
+        ptr
+    }
+
     /// The `mi::MmaAcc` type of loop matmul `op` (operands: loaded 16-bit tiles).
     fn mma_acc_type(&self, op: usize) -> String {
         let ty = self.storage[self.bg.ops[op].inputs[0]].map_or("mi::f16", Storage::cty);
-        format!("mi::MmaAcc<NT, {}, {ty}>", self.mm_shape(op))
+        let swb = self.layout[self.bg.ops[op].inputs[1]].is_some_and(|l| l.swz.is_some());
+        format!("mi::MmaAcc<NT, {}, {ty}{}>", self.mm_shape(op), if swb { ", true" } else { "" })
     }
 
     /// Shared-memory element `idx` (row-major over the tile's dims) of tile `t`, through its
     /// row padding if it has any.
     fn at(&self, t: STensorId, idx: &str) -> String {
         match self.layout[t] {
-            Some(l) if l.ld != l.inner => format!("t{t}[mi::pidx<{}, {}>({idx})]", l.inner, l.ld),
-            _ => format!("t{t}[{idx}]"),
+            Some(l) => format!("t{t}[{}]", l.index(idx)),
+            None => format!("t{t}[{idx}]"),
         }
     }
 
@@ -797,9 +937,8 @@ impl Ctx<'_> {
         wl!(s, "{{ // input {k} -> t{t}");
         wl!(s, "  const long long base = {base};");
         let scalar = format!(
-            "for (int i = tid; i < {n}; i += NT) {dst}[mi::pidx<{}, {}>(i)] = in{k}[base + {}];",
-            l.inner,
-            l.ld,
+            "for (int i = tid; i < {n}; i += NT) {dst}[{}] = in{k}[base + {}];",
+            l.index("i"),
             Self::tile_elem_offset(tile, &dev.strides)
         );
         if l.vector {
@@ -809,11 +948,11 @@ impl Ctx<'_> {
             // Unsigned indices (shifts and masks for power-of-two rows); a whole number of chunks
             // per thread unrolls with the addresses hoisted out of the loop.
             let whole = chunks.is_multiple_of(self.nt);
-            if let Some(steps) = whole.then(|| copy_steps(tile, &dev.strides, l.inner, l.ld, self.nt, vec)).flatten() {
+            if let Some(steps) = whole.then(|| copy_steps(tile, &dev.strides, &l, self.nt, vec)).flatten() {
                 // Every copy of this thread is its first plus a constant: one address per tile.
                 wl!(s, "    const unsigned i = (unsigned)tid * {vec}u;");
                 wl!(s, "    const auto* const src = in{k} + base + {};", Self::tile_elem_offset(tile, &dev.strides));
-                wl!(s, "    auto* const dst = {dst} + mi::pidx<{}, {}>(i);", l.inner, l.ld);
+                wl!(s, "    auto* const dst = {dst} + {};", l.index("i"));
                 for (sc, dc) in steps {
                     wl!(s, "    mi::cp_async16(dst + {dc}, src + {sc}LL);");
                 }
@@ -828,9 +967,8 @@ impl Ctx<'_> {
                 }
                 wl!(
                     s,
-                    "      mi::cp_async16({dst} + mi::pidx<{}, {}>(i), in{k} + base + {});",
-                    l.inner,
-                    l.ld,
+                    "      mi::cp_async16({dst} + {}, in{k} + base + {});",
+                    l.index("i"),
                     Self::tile_elem_offset(tile, &dev.strides)
                 );
                 wl!(s, "    }}");
@@ -1028,7 +1166,11 @@ impl Ctx<'_> {
                 }
             }
             let ind = if in_loop { "    " } else { "  " };
-            let (w, r) = (ranges_of(&step_rw[pos].0), ranges_of(&step_rw[pos].1));
+            let (mut w, mut r) = (ranges_of(&step_rw[pos].0), ranges_of(&step_rw[pos].1));
+            if let Some((off, bytes)) = self.finish_scratch(*step) {
+                w.push((off, off + bytes));
+                r.push((off, off + bytes));
+            }
             if overlaps(&r, &dirty_w) || overlaps(&w, &dirty_w) || overlaps(&w, &dirty_r) {
                 wl!(s, "{ind}__syncthreads();");
                 dirty_w.clear();
@@ -1084,7 +1226,8 @@ impl Ctx<'_> {
             Step::MatAccEnd { acc } => {
                 let o = bg.ops[acc].outputs[0];
                 let c = self.at(o, "c");
-                wl!(s, "mm{acc}.finish([&](int c) -> float& {{ return {c}; }});");
+                let sc = self.scratch_arg(step, &format!("decltype(mm{acc})"), &mut s);
+                wl!(s, "mm{acc}.finish({sc}, [&](int c) -> float& {{ return {c}; }});");
             }
             Step::Flash => {
                 let Some((f, _)) = &self.flash else { return unsupported("internal error: no attention region") };
@@ -1358,7 +1501,12 @@ impl Ctx<'_> {
                 let aop = &bg.ops[op];
                 let (x, o) = (aop.inputs[0], aop.outputs[0]);
                 if self.sum_acc(op).is_some() {
-                    wl!(s, "rs{op}.finish([&](int r) -> float& {{ return t{o}[r]; }});");
+                    let sc = self.scratch_arg(step, &format!("decltype(rs{op})"), &mut s);
+                    wl!(s, "rs{op}.finish({sc}, [&](int r) -> float& {{ return t{o}[r]; }});");
+                    if sc == "nullptr" {
+                        // One slice: rows are stored by their fragments' lanes, read below by others.
+                        wl!(s, "__syncthreads();");
+                    }
                 }
                 let dx = self.dims(x);
                 let n = dx[dx.len() - 1] * bg.forloop_range;
@@ -1370,5 +1518,61 @@ impl Ctx<'_> {
             }
         }
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bank group (4 banks, 16 bytes) of 16-bit element `e` of a tile.
+    fn group(l: &Layout, e: usize) -> usize {
+        (l.offset(e) * 2 / 16) % 8
+    }
+
+    #[test]
+    fn swizzled_narrow_rows_are_free_of_bank_conflicts() {
+        for inner in [16, 32] {
+            let l = Layout { inner, ld: inner, swz: Some(8), rows: 64, vector: true, staged: true };
+            let chunks = inner / 8;
+            for row0 in (0..64).step_by(8) {
+                for c in 0..chunks {
+                    // ldmatrix: one chunk of 8 consecutive rows.
+                    let mut g: Vec<usize> = (0..8).map(|r| group(&l, (row0 + r) * inner + c * 8)).collect();
+                    g.sort_unstable();
+                    g.dedup();
+                    assert_eq!(g.len(), 8, "inner {inner}, rows {row0}.., chunk {c}");
+                }
+                // cp.async: a quarter warp's 8 consecutive 16-byte chunks (spanning rows).
+                let mut g: Vec<usize> = (0..8).map(|q| group(&l, row0 * inner + q * 8)).collect();
+                g.sort_unstable();
+                g.dedup();
+                assert_eq!(g.len(), 8, "inner {inner}, copies from row {row0}");
+            }
+            // A permutation of each row's elements.
+            for row in 0..64 {
+                let mut o: Vec<usize> = (0..inner).map(|c| l.offset(row * inner + c)).collect();
+                o.sort_unstable();
+                assert_eq!(o, (row * inner..(row + 1) * inner).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn padding_alone_cannot_serve_narrow_rows() {
+        // The reason for the swizzle: with 64-byte rows at any 16-byte-multiple pitch, either an
+        // ldmatrix phase or a quarter warp's copies hit a bank group twice.
+        for pad in 0..8 {
+            let l = Layout { inner: 32, ld: 32 + pad * 8, swz: None, rows: 64, vector: true, staged: true };
+            let distinct = |v: Vec<usize>| {
+                let mut v = v;
+                v.sort_unstable();
+                v.dedup();
+                v.len() == 8
+            };
+            let ldsm = distinct((0..8).map(|r| group(&l, r * 32)).collect());
+            let copies = distinct((0..8).map(|q| group(&l, q * 8)).collect());
+            assert!(!(ldsm && copies), "pitch {}", l.ld);
+        }
     }
 }

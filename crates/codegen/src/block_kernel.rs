@@ -569,9 +569,9 @@ fn emit_with(
         })
         .collect();
     // Buffers for a stage count, with in-place element-wise groups; first-fit placement. The
-    // accumulators' scratch buffers follow the tiles' (`n_t` onwards in `acc_scratch` order),
-    // the attention combine scratch comes last.
-    let plan = |stages: usize| -> (Vec<Buffer>, Vec<Option<usize>>, usize) {
+    // accumulators' scratch buffers follow the tiles' (from the returned index, in
+    // `acc_scratch` order), the attention combine scratch comes last.
+    let plan = |stages: usize| -> (Vec<Buffer>, Vec<Option<usize>>, usize, usize) {
         let mut buffers: Vec<Buffer> = Vec::new();
         let mut buf_of: Vec<Option<usize>> = vec![None; n_t];
         let mut order: Vec<STensorId> = (0..n_t).filter(|&t| interval[t].is_some()).collect();
@@ -613,7 +613,6 @@ fn emit_with(
         for &(pos, _, bytes) in &acc_scratch {
             buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0 });
         }
-        debug_assert_eq!(buffers.len(), first_scratch + acc_scratch.len());
         if let (Some(f), Some(pos)) = (&fr, flash_end) {
             let bytes = f.combine_bytes(nt);
             if bytes > 0 {
@@ -621,16 +620,16 @@ fn emit_with(
             }
         }
         let total = place(&mut buffers);
-        (buffers, buf_of, total)
+        (buffers, buf_of, total, first_scratch)
     };
     // Pipeline depth (the rule of `BlockGraph::pipeline_stages`, on the placed sizes): up to
     // MAX_PIPELINE_STAGES stages of the loop's input tiles, within the budget.
     let any_staged = layout.iter().any(|l| l.is_some_and(|l| l.staged));
     let mut stages = if any_staged { MAX_PIPELINE_STAGES.min(bg.forloop_range).max(1) } else { 1 };
-    let (buffers, buf_of, smem_bytes) = loop {
-        let (b, o, total) = plan(stages);
+    let (buffers, buf_of, smem_bytes, first_scratch) = loop {
+        let (b, o, total, first) = plan(stages);
         if stages == 1 || total <= bg.pipeline_budget() {
-            break (b, o, total);
+            break (b, o, total, first);
         }
         stages -= 1;
     };
@@ -647,8 +646,6 @@ fn emit_with(
         let off = (f.combine_bytes(nt) > 0).then(|| buffers.last().map_or(0, |b| b.offset));
         (f, off)
     });
-    let fa_buffers = usize::from(flash.as_ref().is_some_and(|(_, off)| off.is_some()));
-    let first_scratch = buffers.len() - fa_buffers - acc_scratch.len();
     let mut acc_scratch_at: Vec<Option<(usize, usize)>> = vec![None; n_ops];
     for (j, &(_, op, bytes)) in acc_scratch.iter().enumerate() {
         acc_scratch_at[op] = Some((buffers[first_scratch + j].offset, bytes));
@@ -911,7 +908,7 @@ impl Ctx<'_> {
     }
 
     /// Shared-memory element `idx` (row-major over the tile's dims) of tile `t`, through its
-    /// row padding if it has any.
+    /// row padding or swizzle if it has one.
     fn at(&self, t: STensorId, idx: &str) -> String {
         match self.layout[t] {
             Some(l) => format!("t{t}[{}]", l.index(idx)),
@@ -1530,6 +1527,15 @@ mod tests {
         (l.offset(e) * 2 / 16) % 8
     }
 
+    /// Whether 16-bit elements `es` of a tile (8 accesses of 16 bytes) fall in 8 distinct bank
+    /// groups: one conflict-free shared-memory wavefront.
+    fn conflict_free(l: &Layout, es: impl Iterator<Item = usize>) -> bool {
+        let mut g: Vec<usize> = es.map(|e| group(l, e)).collect();
+        g.sort_unstable();
+        g.dedup();
+        g.len() == 8
+    }
+
     #[test]
     fn swizzled_narrow_rows_are_free_of_bank_conflicts() {
         for inner in [16, 32] {
@@ -1538,16 +1544,12 @@ mod tests {
             for row0 in (0..64).step_by(8) {
                 for c in 0..chunks {
                     // ldmatrix: one chunk of 8 consecutive rows.
-                    let mut g: Vec<usize> = (0..8).map(|r| group(&l, (row0 + r) * inner + c * 8)).collect();
-                    g.sort_unstable();
-                    g.dedup();
-                    assert_eq!(g.len(), 8, "inner {inner}, rows {row0}.., chunk {c}");
+                    let ldsm = (0..8).map(|r| (row0 + r) * inner + c * 8);
+                    assert!(conflict_free(&l, ldsm), "inner {inner}, rows {row0}.., chunk {c}");
                 }
                 // cp.async: a quarter warp's 8 consecutive 16-byte chunks (spanning rows).
-                let mut g: Vec<usize> = (0..8).map(|q| group(&l, row0 * inner + q * 8)).collect();
-                g.sort_unstable();
-                g.dedup();
-                assert_eq!(g.len(), 8, "inner {inner}, copies from row {row0}");
+                let copies = (0..8).map(|q| row0 * inner + q * 8);
+                assert!(conflict_free(&l, copies), "inner {inner}, copies from row {row0}");
             }
             // A permutation of each row's elements.
             for row in 0..64 {
@@ -1564,14 +1566,8 @@ mod tests {
         // ldmatrix phase or a quarter warp's copies hit a bank group twice.
         for pad in 0..8 {
             let l = Layout { inner: 32, ld: 32 + pad * 8, swz: None, rows: 64, vector: true, staged: true };
-            let distinct = |v: Vec<usize>| {
-                let mut v = v;
-                v.sort_unstable();
-                v.dedup();
-                v.len() == 8
-            };
-            let ldsm = distinct((0..8).map(|r| group(&l, r * 32)).collect());
-            let copies = distinct((0..8).map(|q| group(&l, q * 8)).collect());
+            let ldsm = conflict_free(&l, (0..8).map(|r| r * 32));
+            let copies = conflict_free(&l, (0..8).map(|q| q * 8));
             assert!(!(ldsm && copies), "pitch {}", l.ld);
         }
     }

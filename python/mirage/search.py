@@ -76,7 +76,7 @@ _BACKENDS = ("cuda", "cpu")
 #: Candidates verified and timed when a GPU profiles them (the cost model's best).
 _GPU_TOP_N = 32
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 8
+_CACHE_VERSION = 9
 #: Candidates compiled and timed on a GPU.
 PROFILE_TOP_N = 32
 

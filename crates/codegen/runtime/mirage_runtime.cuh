@@ -60,11 +60,12 @@ __device__ __forceinline__ int pidx(int i) {
 // 16-byte chunks (CE elements) XOR-swizzled by the row. With CH = 2 or 4 chunks per row, one
 // chunk of 8 consecutive rows (an ldmatrix phase) and a quarter warp's 16-byte copies into
 // consecutive rows (cp.async) each land in 8 distinct groups of 4 banks; padding cannot serve
-// both.
+// both. With CH = 8 (128-byte rows) it is the wgmma 128-byte swizzle, c ^ (r % 8), from a
+// 1024-byte aligned base.
 template <int INNER, int CE>
 __device__ __forceinline__ int swz(int row, int col) {
   constexpr unsigned CH = INNER / CE, RS = 8 / CH;
-  static_assert(CH == 2 || CH == 4, "swz: rows of 2 or 4 chunks");
+  static_assert(CH == 2 || CH == 4 || CH == 8, "swz: rows of 2, 4 or 8 chunks");
   const unsigned r = static_cast<unsigned>(row), c = static_cast<unsigned>(col);
   return static_cast<int>(r * INNER + ((c / CE) ^ ((r / RS) % CH)) * CE + c % CE);
 }
@@ -74,6 +75,16 @@ template <int INNER, int CE>
 __device__ __forceinline__ int swz(int i) {
   const unsigned u = static_cast<unsigned>(i);
   return swz<INNER, CE>(static_cast<int>(u / INNER), static_cast<int>(u % INNER));
+}
+
+// Shared-memory index of element i (row-major) of a [ROWS][INNER] 16-bit tile stored as column
+// blocks of 64 (each [ROWS][64], `swz<64, 8>`): the layout wgmma reads a wide MN-major
+// operand in, one 128-byte swizzle atom per block.
+template <int INNER, int ROWS>
+__device__ __forceinline__ int swzb(int i) {
+  static_assert(INNER % 64 == 0, "swzb: whole 64-column blocks");
+  const unsigned u = static_cast<unsigned>(i), row = u / INNER, col = u % INNER;
+  return static_cast<int>((col / 64) * ROWS * 64) + swz<64, 8>(static_cast<int>(row), static_cast<int>(col % 64));
 }
 
 // Whether a device pointer is 16-byte aligned (the vector copy path needs it).
@@ -471,6 +482,14 @@ __device__ __forceinline__ void ldsm_x2_trans(unsigned* r, const void* p) {
 }
 
 // By shared-window address (bytes), so that constant offsets fold into the instruction.
+__device__ __forceinline__ void ldsm_x4_at(unsigned* r, unsigned s) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+#endif
+}
+
 __device__ __forceinline__ void ldsm_x4_trans_at(unsigned* r, unsigned s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -925,6 +944,230 @@ __device__ __forceinline__ unsigned pack_f32x2(float lo, float hi, bf16*) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
+// Q's A fragments of rows row0 .. row0 + 15 (16-bit T through ldmatrix, or fp32 converted).
+template <int KQ, int LDQ, typename T, typename TQ>
+__device__ __forceinline__ void flash_load_q(unsigned (&q)[KQ][4], const TQ* Q, int row0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KQ; ++kk) {
+    if constexpr (same_type<TQ, T>::value) {
+      ldsm_x4(q[kk], Q + (row0 + (lane & 15)) * LDQ + kk * 16 + (lane >> 4) * 8);
+    } else {
+      const int g = lane >> 2, c = kk * 16 + (lane & 3) * 2;
+      const TQ* q0 = Q + (row0 + g) * LDQ + c;
+      const TQ* q1 = q0 + 8 * LDQ;
+      q[kk][0] = pack_f32x2(to_f32(q0[0]), to_f32(q0[1]), (T*)nullptr);
+      q[kk][1] = pack_f32x2(to_f32(q1[0]), to_f32(q1[1]), (T*)nullptr);
+      q[kk][2] = pack_f32x2(to_f32(q0[8]), to_f32(q0[9]), (T*)nullptr);
+      q[kk][3] = pack_f32x2(to_f32(q1[8]), to_f32(q1[9]), (T*)nullptr);
+    }
+  }
+}
+
+// The running softmax state of a warp's RG row groups (rows g and g + 8 of 16 each) and
+// their O accumulators, in the mma accumulator layout (wgmma's per warp is the same).
+// m is the reference max the exponentials use; x, the true running max; l, the row sum
+// relative to m. m trails x by at most TH (natural log units): O and l are rescaled only
+// when a row's max passes m + TH, so P = exp(S - m) stays below 2^8 (exact in fp16/bf16
+// scale) and most updates skip the rescale.
+template <int RG, int NFO>
+struct FlashRows {
+  float o[RG][NFO][4];
+  float m[RG][2], x[RG][2], l[RG][2];
+  static constexpr float L2E = 1.4426950408889634f, TH = 8.0f * 0.6931471805599453f;
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      m[r][0] = m[r][1] = x[r][0] = x[r][1] = neg_inf();
+      l[r][0] = l[r][1] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NFO; ++j) o[r][j][0] = o[r][j][1] = o[r][j][2] = o[r][j][3] = 0.0f;
+    }
+  }
+
+  // The online-softmax update of one chunk S (NFC fragments of 8 keys per row group): row
+  // maxima, the rescale when any row of the warp needs one, P = exp(S - m) = 2^(S log2e -
+  // m log2e) (one FMA and one MUFU.EX2), its row sums, and P as mma A fragments (`pa`).
+  template <int NFC, typename T>
+  __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4]) {
+    float mx[RG][2];
+    bool grow = false;
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      // Pairwise trees (short dependency chains: a warp's latency is exposed here).
+      float t0[NFC], t1[NFC];
+#pragma unroll
+      for (int j = 0; j < NFC; ++j) {
+        t0[j] = fmaxf(s[r][j][0], s[r][j][1]);
+        t1[j] = fmaxf(s[r][j][2], s[r][j][3]);
+      }
+#pragma unroll
+      for (int w = 1; w < NFC; w *= 2)
+#pragma unroll
+        for (int j = 0; j + w < NFC; j += 2 * w) {
+          t0[j] = fmaxf(t0[j], t0[j + w]);
+          t1[j] = fmaxf(t1[j], t1[j + w]);
+        }
+      float mx0 = t0[0], mx1 = t1[0];
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      mx[r][0] = mx0;
+      mx[r][1] = mx1;
+      x[r][0] = fmaxf(x[r][0], mx0);
+      x[r][1] = fmaxf(x[r][1], mx1);
+      grow |= mx0 > m[r][0] + TH || mx1 > m[r][1] + TH;
+    }
+    if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+      for (int r = 0; r < RG; ++r) {
+        const float n0 = fmaxf(m[r][0], mx[r][0]), n1 = fmaxf(m[r][1], mx[r][1]);
+        const float a0 = ex2((m[r][0] - n0) * L2E), a1 = ex2((m[r][1] - n1) * L2E);
+        m[r][0] = n0;
+        m[r][1] = n1;
+        l[r][0] *= a0;
+        l[r][1] *= a1;
+#pragma unroll
+        for (int j = 0; j < NFO; ++j) {
+          o[r][j][0] *= a0;
+          o[r][j][1] *= a0;
+          o[r][j][2] *= a1;
+          o[r][j][3] *= a1;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      const float b0 = -m[r][0] * L2E, b1 = -m[r][1] * L2E;
+      float t0[NFC], t1[NFC];
+#pragma unroll
+      for (int j = 0; j < NFC; ++j) {
+        const float e0 = ex2(fmaf(s[r][j][0], L2E, b0)), e1 = ex2(fmaf(s[r][j][1], L2E, b0));
+        const float e2 = ex2(fmaf(s[r][j][2], L2E, b1)), e3 = ex2(fmaf(s[r][j][3], L2E, b1));
+        t0[j] = e0 + e1;
+        t1[j] = e2 + e3;
+        pa[r][j / 2][(j % 2) * 2] = pack_f32x2(e0, e1, (T*)nullptr);
+        pa[r][j / 2][(j % 2) * 2 + 1] = pack_f32x2(e2, e3, (T*)nullptr);
+      }
+#pragma unroll
+      for (int w = 1; w < NFC; w *= 2)
+#pragma unroll
+        for (int j = 0; j + w < NFC; j += 2 * w) {
+          t0[j] += t0[j + w];
+          t1[j] += t1[j + w];
+        }
+      l[r][0] += t0[0];
+      l[r][1] += t1[0];
+    }
+  }
+
+  // After the last update: l summed over the quad and everything made relative to the true
+  // max (m = x).
+  __device__ __forceinline__ void settle() {
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l[r][h] += __shfl_xor_sync(0xffffffffu, l[r][h], 1);
+        l[r][h] += __shfl_xor_sync(0xffffffffu, l[r][h], 2);
+        const float a = ex2((m[r][h] - x[r][h]) * L2E);
+        m[r][h] = x[r][h];
+        l[r][h] *= a;
+#pragma unroll
+        for (int j = 0; j < NFO; ++j) {
+          o[r][j][2 * h] *= a;
+          o[r][j][2 * h + 1] *= a;
+        }
+      }
+    }
+  }
+
+  // This warp's rows as one key slice's partial result: row row(r) + g (and + 8) of `sc`
+  // ([rows][NFO * 8 + 2]) holds O, then m and l (`flash_combine` merges the slices).
+  template <class Row>
+  __device__ __forceinline__ void store_partial(float* sc, int lane, Row row) const {
+    const int g = lane >> 2, qd = lane & 3;
+    constexpr int P = NFO * 8 + 2;
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      float* s0 = sc + (row(r) + g) * P;
+      float* s1 = s0 + 8 * P;
+#pragma unroll
+      for (int j = 0; j < NFO; ++j) {
+        const int c = j * 8 + qd * 2;
+        s0[c] = o[r][j][0];
+        s0[c + 1] = o[r][j][1];
+        s1[c] = o[r][j][2];
+        s1[c + 1] = o[r][j][3];
+      }
+      if (qd == 0) {
+        s0[NFO * 8] = m[r][0]; s0[NFO * 8 + 1] = l[r][0];
+        s1[NFO * 8] = m[r][1]; s1[NFO * 8 + 1] = l[r][1];
+      }
+    }
+  }
+
+  // Rows row(r) + g and row(r) + g + 8 of O ([rows][NFO * 8]), L and X (either may be null).
+  template <class Row>
+  __device__ __forceinline__ void store(float* O, float* L, float* X, int lane, Row row) const {
+    const int g = lane >> 2, qd = lane & 3;
+    constexpr int DV = NFO * 8;
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      const int r0 = row(r) + g, r1 = r0 + 8;
+#pragma unroll
+      for (int j = 0; j < NFO; ++j) {
+        const int c = j * 8 + qd * 2;
+        O[r0 * DV + c] = o[r][j][0];
+        O[r0 * DV + c + 1] = o[r][j][1];
+        O[r1 * DV + c] = o[r][j][2];
+        O[r1 * DV + c + 1] = o[r][j][3];
+      }
+      if (qd == 0) {
+        if (L) { L[r0] = l[r][0]; L[r1] = l[r][1]; }
+        if (X) { X[r0] = m[r][0]; X[r1] = m[r][1]; }
+      }
+    }
+  }
+};
+
+// Merges KS key slices' partial results: slice k of batch item b, row `row`, sits at
+// scratch[((b * KS + k) * M + row) * (DV + 2)] (O, then the slice's max and sum; every
+// thread's partials written before the call). Per row, once: the max over slices, L and X,
+// and each slice's weight exp(m_k - max), which replaces m_k for the O pass.
+template <int NT, int BATCH, int M, int DV, int KS>
+__device__ __forceinline__ void flash_combine(float* scratch, float* O, float* L, float* X) {
+  constexpr int P = DV + 2;
+  __syncthreads();
+  for (int br = lin_tid(); br < BATCH * M; br += NT) {
+    const int b = br / M, row = br - b * M;
+    float* sr = scratch + (b * KS * M + row) * P;
+    float mm = neg_inf();
+#pragma unroll
+    for (int k = 0; k < KS; ++k) mm = fmaxf(mm, sr[k * M * P + DV]);
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) {
+      const float wk = __expf(sr[k * M * P + DV] - mm);
+      sr[k * M * P + DV] = wk;
+      acc += sr[k * M * P + DV + 1] * wk;
+    }
+    if (L) L[br] = acc;
+    if (X) X[br] = mm;
+  }
+  __syncthreads();
+  for (int i = lin_tid(); i < BATCH * M * DV; i += NT) {
+    const int br = i / DV, c = i - br * DV, b = br / M, row = br - b * M;
+    const float* sr = scratch + (b * KS * M + row) * P;
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) acc += sr[k * M * P + c] * sr[k * M * P + DV];
+    O[i] = acc;
+  }
+  __syncthreads();
+}
+
 template <int NT, int BATCH, int M, int D, int N, int DV, int LDQ, int LDK, int LDV, int RG, int KS, int CW,
           typename T, typename TQ>
 struct Flash {
@@ -938,16 +1181,10 @@ struct Flash {
   static_assert(M % 16 == 0 && D % 16 == 0 && N % (16 * KS) == 0 && DV % 16 == 0, "flash tile shape");
   static_assert(WR * KS <= NW, "flash warps");
   unsigned q[RG][KQ][4];
-  float o[RG][NFO][4];
-  // Per row (g and g + 8 of each group): m, the reference max the exponentials use; x, the
-  // true running max; l, the row sum relative to m. m trails x by at most TH (natural log
-  // units): O and l are rescaled only when a row's max passes m + TH, so P = exp(S - m)
-  // stays below 2^8 (exact in fp16/bf16 scale) and most iterations skip the rescale.
-  float m[RG][2], x[RG][2], l[RG][2];
+  FlashRows<RG, NFO> st;
   int lane, bt, wr, slice;
   unsigned kofs, vofs;  // this lane's byte offsets in a K and a V tile
   bool active;
-  static constexpr float L2E = 1.4426950408889634f, TH = 8.0f * 0.6931471805599453f;
 
   __device__ __forceinline__ void init() {
     const int w = (lin_tid() >> 5) % NW;
@@ -959,39 +1196,16 @@ struct Flash {
     const int c0 = slice * NC, lr = lane & 15, lc = (lane >> 4) * 8;
     kofs = (unsigned)((bt * D * LDK + lr * LDK + c0 + lc) * 2);
     vofs = (unsigned)((bt * N * LDV + (c0 + lr) * LDV + lc) * 2);
-#pragma unroll
-    for (int r = 0; r < RG; ++r) {
-      m[r][0] = m[r][1] = x[r][0] = x[r][1] = neg_inf();
-      l[r][0] = l[r][1] = 0.0f;
-#pragma unroll
-      for (int j = 0; j < NFO; ++j) o[r][j][0] = o[r][j][1] = o[r][j][2] = o[r][j][3] = 0.0f;
-    }
+    st.reset();
   }
 
   // One iteration: `first` reloads Q's fragments (Q is loop-invariant). Every K and V
   // fragment is read from shared memory once and used for all RG row groups.
   __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, bool first) {
     if (!active) return;
-    Q += bt * M * LDQ;
     if (first) {
 #pragma unroll
-      for (int r = 0; r < RG; ++r) {
-        const int row0 = (wr * RG + r) * 16;
-#pragma unroll
-        for (int kk = 0; kk < KQ; ++kk) {
-          if constexpr (same_type<TQ, T>::value) {
-            ldsm_x4(q[r][kk], Q + (row0 + (lane & 15)) * LDQ + kk * 16 + (lane >> 4) * 8);
-          } else {
-            const int g = lane >> 2, c = kk * 16 + (lane & 3) * 2;
-            const TQ* q0 = Q + (row0 + g) * LDQ + c;
-            const TQ* q1 = q0 + 8 * LDQ;
-            q[r][kk][0] = pack_f32x2(to_f32(q0[0]), to_f32(q0[1]), (T*)nullptr);
-            q[r][kk][1] = pack_f32x2(to_f32(q1[0]), to_f32(q1[1]), (T*)nullptr);
-            q[r][kk][2] = pack_f32x2(to_f32(q0[8]), to_f32(q0[9]), (T*)nullptr);
-            q[r][kk][3] = pack_f32x2(to_f32(q1[8]), to_f32(q1[9]), (T*)nullptr);
-          }
-        }
-      }
+      for (int r = 0; r < RG; ++r) flash_load_q<KQ, LDQ, T, TQ>(q[r], Q + bt * M * LDQ, (wr * RG + r) * 16, lane);
     }
     const unsigned kb = (unsigned)__cvta_generic_to_shared(K) + kofs;
     const unsigned vb = (unsigned)__cvta_generic_to_shared(V) + vofs;
@@ -1004,7 +1218,9 @@ struct Flash {
 #pragma unroll
     for (int c = 0; c < NC / CW; ++c) {
       if (c + 1 < NC / CW) qk(kb + (c + 1) * CW * 2, s[(c + 1) & 1]);
-      soft_pv(s[c & 1], vb + c * CW * LDV * 2);
+      unsigned pa[RG][KPC][4];
+      st.template softmax<NFC, T>(s[c & 1], pa);
+      mma_rows<KPC, NFO, LDV>(vb + c * CW * LDV * 2, pa, st.o);
     }
   }
 
@@ -1038,165 +1254,257 @@ struct Flash {
     mma_rows<KQ, NFC, LDK>(kb, q, s);
   }
 
-  // The online-softmax update of one chunk: row maxima, the rescale, P = exp(S - m) and
-  // O += P V.
-  __device__ __forceinline__ void soft_pv(float (&s)[RG][NFC][4], const unsigned vb) {
-    // Row maxima of rows g and g + 8 (a quad holds a row's columns); the rescale, when any
-    // row of the warp needs one.
-    float mx[RG][2];
-    bool grow = false;
-#pragma unroll
-    for (int r = 0; r < RG; ++r) {
-      float mx0 = fmaxf(s[r][0][0], s[r][0][1]), mx1 = fmaxf(s[r][0][2], s[r][0][3]);
-#pragma unroll
-      for (int j = 1; j < NFC; ++j) {
-        mx0 = fmaxf(mx0, fmaxf(s[r][j][0], s[r][j][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[r][j][2], s[r][j][3]));
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      mx[r][0] = mx0;
-      mx[r][1] = mx1;
-      x[r][0] = fmaxf(x[r][0], mx0);
-      x[r][1] = fmaxf(x[r][1], mx1);
-      grow |= mx0 > m[r][0] + TH || mx1 > m[r][1] + TH;
-    }
-    if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-      for (int r = 0; r < RG; ++r) {
-        const float n0 = fmaxf(m[r][0], mx[r][0]), n1 = fmaxf(m[r][1], mx[r][1]);
-        const float a0 = ex2((m[r][0] - n0) * L2E), a1 = ex2((m[r][1] - n1) * L2E);
-        m[r][0] = n0;
-        m[r][1] = n1;
-        l[r][0] *= a0;
-        l[r][1] *= a1;
-#pragma unroll
-        for (int j = 0; j < NFO; ++j) {
-          o[r][j][0] *= a0;
-          o[r][j][1] *= a0;
-          o[r][j][2] *= a1;
-          o[r][j][3] *= a1;
-        }
-      }
-    }
-    // P = exp(S - m) = 2^(S log2e - m log2e) (one FMA and one MUFU.EX2), its row sums, and P
-    // as the A operand of P V.
-    unsigned pa[RG][KPC][4];
-#pragma unroll
-    for (int r = 0; r < RG; ++r) {
-      const float b0 = -m[r][0] * L2E, b1 = -m[r][1] * L2E;
-      float ls0 = 0.0f, ls1 = 0.0f;
-#pragma unroll
-      for (int j = 0; j < NFC; ++j) {
-        const float e0 = ex2(fmaf(s[r][j][0], L2E, b0)), e1 = ex2(fmaf(s[r][j][1], L2E, b0));
-        const float e2 = ex2(fmaf(s[r][j][2], L2E, b1)), e3 = ex2(fmaf(s[r][j][3], L2E, b1));
-        ls0 += e0 + e1;
-        ls1 += e2 + e3;
-        pa[r][j / 2][(j % 2) * 2] = pack_f32x2(e0, e1, (T*)nullptr);
-        pa[r][j / 2][(j % 2) * 2 + 1] = pack_f32x2(e2, e3, (T*)nullptr);
-      }
-      l[r][0] += ls0;
-      l[r][1] += ls1;
-    }
-    mma_rows<KPC, NFO, LDV>(vb, pa, o);
-  }
-
   // After the loop: O ([BATCH][M][DV]), L and X ([BATCH][M], either may be null) in fp32
   // shared memory. `scratch` holds BATCH * KS * M * (DV + 2) floats when KS > 1; every
   // thread must call this.
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
-    const int g = lane >> 2, qd = lane & 3;
-    const int ob = bt * M;  // this warp's first row of O, L and X
-    // Relative to the true max from here on: m = x.
+    st.settle();
+    if constexpr (KS == 1) {
+      if (active) st.store(O, L, X, lane, [&](int r) { return bt * M + (wr * RG + r) * 16; });
+    } else {
+      __syncthreads();  // the scratch may overlay tiles other warps still read
+      if (active) st.store_partial(scratch + (bt * KS + slice) * M * (DV + 2), lane, [&](int r) { return (wr * RG + r) * 16; });
+      flash_combine<NT, BATCH, M, DV, KS>(scratch, O, L, X);
+    }
+  }
+};
+
+// ------------------------------------------ warpgroup tensor cores (wgmma, sm_90a only)
+// Compiled for sm_90a (codegen's nvrtc options), __CUDA_ARCH_FEAT_SM90_ALL is defined and
+// FlashWG below may be instantiated; elsewhere its instantiation fails to compile.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MI_WGMMA 1
+#else
+#define MI_WGMMA 0
+#endif
+
+// Orders this thread's generic-proxy shared-memory writes (plain stores, cp.async) before
+// later async-proxy reads (wgmma operands) once a barrier has passed.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// The shared-memory descriptor of a wgmma B operand stored MN-major (N contiguous) in rows of
+// 128 bytes (64 16-bit elements) with the 128-byte swizzle, chunk c of row r at c ^ (r % 8)
+// (`swz<64, 8>`, 1024-byte aligned): 8-row groups along K are SBO = 1024 bytes apart; an
+// operand is at most one 64-element atom wide, so LBO is never stepped (on the H100 the
+// swapped reading, SBO 16 bytes, reads rows 8-15 wrong). Built from 32-bit halves so that stepping the start address (the low word) stays a 32-bit
+// add: `wg_desc_sw128(lo + bytes / 16)` with lo = `wg_desc_lo(saddr)`.
+__device__ __forceinline__ unsigned wg_desc_lo(unsigned saddr) { return ((saddr & 0x3FFFFu) >> 4) | (1u << 16); }
+__device__ __forceinline__ unsigned long long wg_desc_sw128(unsigned lo) {
+  unsigned long long d;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"(64u | (1u << 30)));
+  return d;
+}
+
+// wgmma.fence: registers written since (accumulators, A fragments) are ready for wgmma.
+__device__ __forceinline__ void wg_fence() {
+#if MI_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Closes the wgmma issued since the last commit into one group.
+__device__ __forceinline__ void wg_commit() {
+#if MI_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until at most N committed wgmma groups are in flight.
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+#if MI_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Operand lists of the wgmma wrappers: 32 (16) fp32 accumulators, then the instruction with
+// A in registers, B by descriptor (transposed: MN-major), scale-d from an int.
+#define MI_WG_D32(d)                                                                                    \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define MI_WG_RS(ty)                                                                                      \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                          \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " "                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+
+// d (+)= A B for one warpgroup, m64 n64 k16: A in registers (each warp its 16 rows, the mma
+// A-fragment layout), B through descriptor `b` (MN-major: transposed), d in the mma
+// accumulator layout per warp. `acc` = 0 overwrites d.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b, int acc) {
+#if MI_WGMMA
+  if constexpr (same_type<T, f16>::value) {
+    asm volatile(MI_WG_RS("f16") : MI_WG_D32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+  } else {
+    asm volatile(MI_WG_RS("bf16") : MI_WG_D32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+  }
+#endif
+}
+
+#define MI_WG_D16(d)                                                                                    \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+      "+f"(d[3][2]), "+f"(d[3][3])
+#define MI_WG_RS32(ty)                                                                                    \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                          \
+  "wgmma.mma_async.sync.aligned.m64n32k16.f32." ty "." ty " "                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"
+
+// The same for m64 n32 k16 (d: 4 fragments of 8 columns).
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], const unsigned (&a)[4], unsigned long long b, int acc) {
+#if MI_WGMMA
+  if constexpr (same_type<T, f16>::value) {
+    asm volatile(MI_WG_RS32("f16") : MI_WG_D16(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+  } else {
+    asm volatile(MI_WG_RS32("bf16") : MI_WG_D16(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+  }
+#endif
+}
+// Pins an accumulator's registers at this point of the program (the hardware writes them
+// asynchronously until `wg_wait`; the compiler must not move their reads or writes across).
+template <int NF>
+__device__ __forceinline__ void wg_pin(float (&d)[NF][4]) {
+#pragma unroll
+  for (int j = 0; j < NF; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) asm volatile("" : "+f"(d[j][k])::"memory");
+}
+
+// Register-resident attention on warpgroup tensor cores (sm_90a), the same contract as
+// `Flash` for N = 64, 128 or 256 keys per iteration of 64-wide values, with one block of
+// lookahead. K ([BATCH][D][N]) sits in shared memory as `swzb<N, BATCH * D>`: column blocks
+// of 64 keys, each [BATCH * D][64] in 128-byte rows swizzled as the hardware's 128-byte
+// pattern from a 1024-byte aligned base; V ([BATCH][N][64]) as `swz<64, 8>`; Q as in
+// `Flash`. Warpgroup w of batch item b takes RG groups of 64 rows (group (w % WR) * RG + r)
+// and key slice w / WR (N / KS keys). The slice's keys go in blocks of 64 (or one of 32): each
+// step issues the next block's S = Q K (D / 16 wgmma per group, Q from registers; after the
+// last block, the next iteration's first) before this block's online softmax (`FlashRows`),
+// so the tensor cores work while the exponentials run, then O += P V (wgmma, P from registers).
+template <int NT, int BATCH, int M, int D, int N, int LDQ, int RG, int KS, typename T, typename TQ>
+struct FlashWG {
+#if defined(__CUDA_ARCH__)
+  static_assert(MI_WGMMA, "FlashWG needs sm_90a (wgmma)");
+#endif
+  static constexpr int NWG = NT / 128 / BATCH, KQ = D / 16, WR = M / 64 / RG;
+  static constexpr int NK = N / KS;                  // keys per slice
+  static constexpr int NKB = NK < 64 ? NK : 64;      // keys per block
+  static constexpr int NB = NK / NKB, NFC = NKB / 8;  // blocks per slice, S fragments per block
+  static_assert((NT / 128) % BATCH == 0 && M % (64 * RG) == 0 && NWG == WR * KS && D % 16 == 0 &&
+                    N % 64 == 0 && N <= 256 && (NKB == 64 || NKB == 32),
+                "flash (wgmma) tile shape");
+  FlashRows<RG, 8> st;
+  float s[RG][NFC][4];  // S of the current block (issued one block ahead)
+  int lane, bt, row0, slice;  // row0: this warp's first row of its first group
+  const TQ* qp;  // this batch item's Q (set at the first step; Q is loop-invariant)
+  unsigned qa;   // 16-bit Q: this lane's ldmatrix address of its first fragment
+
+  __device__ __forceinline__ void init() {
+    const int t = lin_tid(), w = (t >> 7) % NWG;
+    bt = (t >> 7) / NWG;
+    lane = t & 31;
+    slice = w / WR;
+    row0 = (w % WR) * RG * 64 + ((t >> 5) & 3) * 16;
+    st.reset();
+  }
+
+  // S = Q K over block j of this slice's keys for every group into `acc`, issued as one wgmma
+  // group (not waited for).
+  __device__ __forceinline__ void qk(const T* K, int j, float (&acc)[RG][NFC][4]) {
+    // Q's fragments are read again for every use (a few ldmatrix): ptxas (CUDA 13.0) reuses
+    // the registers of wgmma A operands that are only carried around the loop, so fragments
+    // loaded once read back clobbered.
+    unsigned q[RG][KQ][4];
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
+      if constexpr (same_type<TQ, T>::value) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l[r][h] += __shfl_xor_sync(0xffffffffu, l[r][h], 1);
-        l[r][h] += __shfl_xor_sync(0xffffffffu, l[r][h], 2);
-        const float a = ex2((m[r][h] - x[r][h]) * L2E);
-        m[r][h] = x[r][h];
-        l[r][h] *= a;
+        for (int kk = 0; kk < KQ; ++kk) ldsm_x4_at(q[r][kk], qa + (r * 64 * LDQ + kk * 16) * 2);
+      } else {
+        flash_load_q<KQ, LDQ, T, TQ>(q[r], qp, row0 + r * 64, lane);
+      }
+    }
+    // Block j's keys: column block key0 / 64 of K, starting (key0 % 64) * 2 bytes into its
+    // swizzled rows (the swizzle applies to the address, so a sub-row start reads the same
+    // layout); each 16 rows are 2048 bytes further (128 in the descriptor's address field).
+    const int key0 = slice * NK + j * NKB;
+    const unsigned kd = wg_desc_lo((unsigned)__cvta_generic_to_shared(K) +
+                                   ((key0 / 64) * BATCH * D + bt * D) * 128 + (key0 % 64) * 2);
+    wg_fence();
 #pragma unroll
-        for (int j = 0; j < NFO; ++j) {
-          o[r][j][2 * h] *= a;
-          o[r][j][2 * h + 1] *= a;
+    for (int r = 0; r < RG; ++r)
+#pragma unroll
+      for (int kk = 0; kk < KQ; ++kk) {
+        if constexpr (NKB == 64) {
+          wgmma_m64n64k16<T>(acc[r], q[r][kk], wg_desc_sw128(kd + kk * 128), kk);
+        } else {
+          wgmma_m64n32k16<T>(acc[r], q[r][kk], wg_desc_sw128(kd + kk * 128), kk);
+        }
+      }
+    wg_commit();
+  }
+
+  // One iteration over K and V; `Kn` is the next iteration's K tile (null at the last, or
+  // without lookahead across iterations), which must already be in shared memory. `first`
+  // (every step without that lookahead) computes the first block's S here.
+  __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, const T* Kn, bool first) {
+    if (first) {
+      qp = Q + bt * M * LDQ;
+      qa = (unsigned)__cvta_generic_to_shared(qp + (row0 + (lane & 15)) * LDQ + (lane >> 4) * 8);
+      qk(K, 0, s);
+      wg_wait<0>();
+#pragma unroll
+      for (int r = 0; r < RG; ++r) wg_pin(s[r]);
+    }
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+      const bool more = j + 1 < NB || Kn;
+      float sn[RG][NFC][4];
+      if (j + 1 < NB) {
+        qk(K, j + 1, sn);
+      } else if (Kn) {
+        qk(Kn, 0, sn);
+      }
+      unsigned pa[RG][NFC / 2][4];
+      st.template softmax<NFC, T>(s, pa);
+      const unsigned vd =
+          wg_desc_lo((unsigned)__cvta_generic_to_shared(V) + (bt * N + slice * NK + j * NKB) * 128);
+      wg_fence();
+#pragma unroll
+      for (int r = 0; r < RG; ++r)
+#pragma unroll
+        for (int kk = 0; kk < NFC / 2; ++kk) wgmma_m64n64k16<T>(st.o[r], pa[r][kk], wg_desc_sw128(vd + kk * 128), 1);
+      wg_commit();
+      wg_wait<0>();
+#pragma unroll
+      for (int r = 0; r < RG; ++r) {
+        wg_pin(st.o[r]);
+        if (more) {
+          wg_pin(sn[r]);
+#pragma unroll
+          for (int f = 0; f < NFC; ++f)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[r][f][e] = sn[r][f][e];
         }
       }
     }
+  }
+
+  // After the loop, as `Flash::finish` (`scratch`: BATCH * KS * M * 66 floats when KS > 1).
+  __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
+    st.settle();
     if constexpr (KS == 1) {
-      if (!active) return;
-#pragma unroll
-      for (int r = 0; r < RG; ++r) {
-        const int r0 = ob + (wr * RG + r) * 16 + g, r1 = r0 + 8;
-#pragma unroll
-        for (int j = 0; j < NFO; ++j) {
-          const int c = j * 8 + qd * 2;
-          O[r0 * DV + c] = o[r][j][0];
-          O[r0 * DV + c + 1] = o[r][j][1];
-          O[r1 * DV + c] = o[r][j][2];
-          O[r1 * DV + c + 1] = o[r][j][3];
-        }
-        if (qd == 0) {
-          if (L) { L[r0] = l[r][0]; L[r1] = l[r][1]; }
-          if (X) { X[r0] = m[r][0]; X[r1] = m[r][1]; }
-        }
-      }
+      st.store(O, L, X, lane, [&](int r) { return bt * M + row0 + r * 64; });
     } else {
-      constexpr int P = DV + 2;  // per row: O, then the slice's max and sum
       __syncthreads();
-      if (active) {
-#pragma unroll
-        for (int r = 0; r < RG; ++r) {
-          const int r0 = (wr * RG + r) * 16 + g, r1 = r0 + 8;
-          float* s0 = scratch + ((bt * KS + slice) * M + r0) * P;
-          float* s1 = scratch + ((bt * KS + slice) * M + r1) * P;
-#pragma unroll
-          for (int j = 0; j < NFO; ++j) {
-            const int c = j * 8 + qd * 2;
-            s0[c] = o[r][j][0];
-            s0[c + 1] = o[r][j][1];
-            s1[c] = o[r][j][2];
-            s1[c + 1] = o[r][j][3];
-          }
-          if (qd == 0) {
-            s0[DV] = m[r][0]; s0[DV + 1] = l[r][0];
-            s1[DV] = m[r][1]; s1[DV + 1] = l[r][1];
-          }
-        }
-      }
-      __syncthreads();
-      // Row `row` of batch item b, slice k, sits at scratch[((b * KS + k) * M + row) * P].
-      // Per row, once: the running max over slices, L and X, and each slice's weight
-      // exp(m_k - max), which replaces m_k in the scratch for the O pass.
-      for (int br = lin_tid(); br < BATCH * M; br += NT) {
-        const int b = br / M, row = br - b * M;
-        float* sr = scratch + (b * KS * M + row) * P;
-        float mm = neg_inf();
-#pragma unroll
-        for (int k = 0; k < KS; ++k) mm = fmaxf(mm, sr[k * M * P + DV]);
-        float acc = 0.0f;
-#pragma unroll
-        for (int k = 0; k < KS; ++k) {
-          const float wk = __expf(sr[k * M * P + DV] - mm);
-          sr[k * M * P + DV] = wk;
-          acc += sr[k * M * P + DV + 1] * wk;
-        }
-        if (L) L[br] = acc;
-        if (X) X[br] = mm;
-      }
-      __syncthreads();
-      for (int i = lin_tid(); i < BATCH * M * DV; i += NT) {
-        const int br = i / DV, c = i - br * DV, b = br / M, row = br - b * M;
-        const float* sr = scratch + (b * KS * M + row) * P;
-        float acc = 0.0f;
-#pragma unroll
-        for (int k = 0; k < KS; ++k) acc += sr[k * M * P + c] * sr[k * M * P + DV];
-        O[i] = acc;
-      }
-      __syncthreads();
+      st.store_partial(scratch + (bt * KS + slice) * M * 66, lane, [&](int r) { return row0 + r * 64; });
+      flash_combine<NT, BATCH, M, 64, KS>(scratch, O, L, X);
     }
   }
 };

@@ -70,6 +70,8 @@ struct Buffer {
     start: usize,
     end: usize,
     offset: usize,
+    /// Byte alignment of `offset`.
+    align: usize,
 }
 
 /// Result of emitting one block kernel.
@@ -111,7 +113,9 @@ struct Layout {
     /// Row pitch in elements (`inner` or `inner` + 16 bytes of padding).
     ld: usize,
     /// Elements per 16-byte chunk when the rows are unpadded and their chunks XOR-swizzled by
-    /// the row (`mi::swz`; rows of 2 or 4 chunks, read only as a tensor-core B operand).
+    /// the row (`mi::swz`; rows of 2 or 4 chunks read only as a tensor-core B operand, or the
+    /// attention's wgmma operands: rows of 8 chunks, wider rows as column blocks of 8 chunks,
+    /// `mi::swzb`).
     swz: Option<usize>,
     /// Rows (product of the other dims).
     rows: usize,
@@ -126,6 +130,10 @@ impl Layout {
     fn offset(&self, i: usize) -> usize {
         let (row, col) = (i / self.inner, i % self.inner);
         match self.swz {
+            Some(ce) if self.inner > 8 * ce => {
+                let (blk, c) = (8 * ce, col % (8 * ce));
+                (col / blk) * self.rows * blk + row * blk + ((c / ce) ^ (row % 8)) * ce + c % ce
+            }
             Some(ce) => {
                 let ch = self.inner / ce;
                 row * self.inner + ((col / ce) ^ ((row / (8 / ch)) % ch)) * ce + col % ce
@@ -137,6 +145,7 @@ impl Layout {
     /// Shared-memory index of tile element `idx` (a C++ expression).
     fn index(&self, idx: &str) -> String {
         match self.swz {
+            Some(ce) if self.inner > 8 * ce => format!("mi::swzb<{}, {}>({idx})", self.inner, self.rows),
             Some(ce) => format!("mi::swz<{}, {ce}>({idx})", self.inner),
             None if self.ld != self.inner => format!("mi::pidx<{}, {}>({idx})", self.inner, self.ld),
             None => idx.to_string(),
@@ -145,25 +154,47 @@ impl Layout {
 }
 
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
-pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBuffer]) -> Result<Emitted> {
+/// `arch` (e.g. 90) picks the attention form: on sm_90 the warpgroup one where it fits.
+pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBuffer], arch: u32) -> Result<Emitted> {
     if let Some(e) = crate::rowreg::emit(name, bg, ins, outs)? {
         return Ok(e);
     }
-    match emit_with(name, bg, ins, outs, true)? {
-        Some(e) => Ok(e),
-        None => emit_with(name, bg, ins, outs, false)?
-            .map_or_else(|| unsupported(format!("{name}: internal error: no schedule without flash")), Ok),
+    let modes: &[FlashMode] = if arch == 90 {
+        &[FlashMode::Wgmma, FlashMode::Mma, FlashMode::Off]
+    } else {
+        &[FlashMode::Mma, FlashMode::Off]
+    };
+    for &mode in modes {
+        if let Some(e) = emit_with(name, bg, ins, outs, mode)? {
+            return Ok(e);
+        }
     }
+    unsupported(format!("{name}: internal error: no schedule without flash"))
 }
 
-/// [`emit`], with or without the register-resident attention region; `None` when the region
-/// was matched but its tiles do not suit it (then the caller emits without it).
+/// How the attention region, if any, is emitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FlashMode {
+    /// Not matched: the region's ops are emitted one by one.
+    Off,
+    /// `mi::Flash` (mma.sync).
+    Mma,
+    /// `mi::FlashWG` (wgmma, sm_90a).
+    Wgmma,
+}
+
+/// Alignment of the attention's K and V tiles under the wgmma form (the 128-byte swizzle
+/// repeats every 1024 bytes and is taken from address bits).
+const WG_ALIGN: usize = 1024;
+
+/// [`emit`] with the attention region in form `mode`; `None` when the region was matched but
+/// its tiles do not suit that form (then the caller tries the next one).
 fn emit_with(
     name: &str,
     bg: &BlockGraph,
     ins: &[DevBuffer],
     outs: &[DevBuffer],
-    allow_flash: bool,
+    mode: FlashMode,
 ) -> Result<Option<Emitted>> {
     let nt: usize = bg.block_dim.iter().product();
     let n_ops = bg.ops.len();
@@ -202,7 +233,16 @@ fn emit_with(
     }
 
     let groups = fuse_elementwise(bg);
-    let fr = if allow_flash { flash::find(bg, &opneed, &uses) } else { None };
+    let mut fr = if mode == FlashMode::Off { None } else { flash::find(bg, &opneed, &uses) };
+    if mode == FlashMode::Wgmma {
+        match fr.as_mut() {
+            Some(f) => match f.wgmma(nt) {
+                Some(w) => f.wg = Some(w),
+                None => return Ok(None),
+            },
+            None => return Ok(None),
+        }
+    }
     let in_region = |j: usize| fr.as_ref().is_some_and(|f| f.ops.contains(&j));
     let region_last = fr.as_ref().and_then(|f| f.ops.iter().copied().max());
     let mut group_root: Vec<Option<usize>> = vec![None; n_ops];
@@ -520,6 +560,20 @@ fn emit_with(
         {
             return Ok(None);
         }
+        // The wgmma form reads K and V through descriptors: staged, unpadded 128-byte rows
+        // swizzled as the hardware's 128-byte pattern (`swz<64, 8>`, 1024-byte aligned).
+        // K wider than 64 keys goes in column blocks of 64 (`swzb`). Only the region reads them.
+        if f.wg.is_some() {
+            for (t, inner) in [(f.k, f.n), (f.v, 64)] {
+                let only_flash = steps.iter().all(|&(sec, st)| st == Step::Flash || !rw(sec, st).1.contains(&t));
+                match layout[t] {
+                    Some(l) if l.staged && l.vector && l.inner == inner && only_flash => {
+                        layout[t] = Some(Layout { ld: inner, swz: Some(8), ..l });
+                    }
+                    _ => return Ok(None),
+                }
+            }
+        }
     }
 
     // Live intervals. Staged tiles live through the whole loop (all their stages).
@@ -604,19 +658,21 @@ fn emit_with(
                     buf_of[t] = Some(b);
                 }
                 None => {
-                    buffers.push(Buffer { size, start: s, end: e, offset: 0 });
+                    let wg_tile = fr.as_ref().is_some_and(|f| f.wg.is_some() && (t == f.k || t == f.v));
+                    let align = if wg_tile { WG_ALIGN } else { SMEM_ALIGN };
+                    buffers.push(Buffer { size, start: s, end: e, offset: 0, align });
                     buf_of[t] = Some(buffers.len() - 1);
                 }
             }
         }
         let first_scratch = buffers.len();
         for &(pos, _, bytes) in &acc_scratch {
-            buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0 });
+            buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0, align: SMEM_ALIGN });
         }
         if let (Some(f), Some(pos)) = (&fr, flash_end) {
             let bytes = f.combine_bytes(nt);
             if bytes > 0 {
-                buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0 });
+                buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0, align: SMEM_ALIGN });
             }
         }
         let total = place(&mut buffers);
@@ -633,6 +689,7 @@ fn emit_with(
         }
         stages -= 1;
     };
+
     let step_rw: Vec<(Vec<STensorId>, Vec<STensorId>)> = steps
         .iter()
         .map(|&(sec, st)| {
@@ -715,12 +772,13 @@ fn place(buffers: &mut [Buffer]) -> usize {
             .map(|&p| (buffers[p].offset, buffers[p].offset + buffers[p].size))
             .collect();
         busy.sort_unstable();
+        let align = buffers[b].align;
         let mut off = 0;
         for (lo, hi) in busy {
             if off + size <= lo {
                 break;
             }
-            off = off.max(hi.div_ceil(SMEM_ALIGN) * SMEM_ALIGN);
+            off = off.max(hi.div_ceil(align) * align);
         }
         buffers[b].offset = off;
         total = total.max(off + size);
@@ -1021,10 +1079,14 @@ impl Ctx<'_> {
         // The attention region holds its tiles in registers: beyond one wave, ask for at most
         // 128 per thread at 256 threads so that two blocks share an SM (latency hiding needs
         // the warps); a grid of one wave gains nothing from the cap.
-        let two = self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt == 256;
+        // (The wgmma form keeps S for a step ahead: two blocks of 128 registers only with two
+        // key slices, which halve it.)
+        let wg = self.flash.as_ref().and_then(|(f, _)| f.wg);
+        let two =
+            self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt == 256 && wg.is_none_or(|(_, ks)| ks == 2);
         let bounds = if two { format!("{}, 2", self.nt) } else { self.nt.to_string() };
         wl!(s, "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{", params.join(", "));
-        wl!(s, "  extern __shared__ __align__(16) unsigned char mi_smem[];");
+        wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wg.is_some() { WG_ALIGN } else { 16 });
         wl!(s, "  constexpr int NT = {};", self.nt);
         wl!(s, "  const int tid = mi::lin_tid();");
         wl!(s, "  (void)tid;");
@@ -1074,23 +1136,35 @@ impl Ctx<'_> {
                     }
                 }
                 if let Some((f, _)) = &self.flash {
-                    let (rg, ks) = f.warps(self.nt);
-                    let cw = f.chunk(rg, ks);
                     let ld = |t: STensorId| self.layout[t].map_or(self.dims(t)[self.dims(t).len() - 1], |l| l.ld);
                     let ty = self.storage[f.k].map_or("float", Storage::cty);
                     let tq = self.storage[f.q].map_or("float", Storage::cty);
-                    wl!(
-                        s,
-                        "  mi::Flash<NT, {}, {}, {}, {}, {}, {}, {}, {}, {rg}, {ks}, {cw}, {ty}, {tq}> fa;",
-                        f.batch,
-                        f.m,
-                        f.d,
-                        f.n,
-                        f.dv,
-                        ld(f.q),
-                        ld(f.k),
-                        ld(f.v)
-                    );
+                    if let Some((rg, ks)) = f.wg {
+                        wl!(
+                            s,
+                            "  mi::FlashWG<NT, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}> fa;",
+                            f.batch,
+                            f.m,
+                            f.d,
+                            f.n,
+                            ld(f.q)
+                        );
+                    } else {
+                        let (rg, ks) = f.warps(self.nt);
+                        let cw = f.chunk(rg, ks);
+                        wl!(
+                            s,
+                            "  mi::Flash<NT, {}, {}, {}, {}, {}, {}, {}, {}, {rg}, {ks}, {cw}, {ty}, {tq}> fa;",
+                            f.batch,
+                            f.m,
+                            f.d,
+                            f.n,
+                            f.dv,
+                            ld(f.q),
+                            ld(f.k),
+                            ld(f.v)
+                        );
+                    }
                     wl!(s, "  fa.init();");
                 }
                 // Prologue: the first stages of every staged tile, then the loop.
@@ -1113,12 +1187,27 @@ impl Ctx<'_> {
                         wl!(s, "  mi::cp_async_commit();");
                     }
                 }
+                if wg.is_some() {
+                    // Two iterations per pass let the compiler rename the S registers the
+                    // wgmma form carries a step ahead instead of copying them.
+                    wl!(s, "#pragma unroll 2");
+                }
                 wl!(s, "  for (int it = 0; it < {}; ++it) {{", bg.forloop_range);
                 in_loop = true;
                 if staged.is_empty() {
                     wl!(s, "    __syncthreads();");
                 } else if n_stages >= 2 {
-                    wl!(s, "    mi::cp_async_wait<{}>();", n_stages - 2);
+                    // The wgmma form with three stages or more also reads the next iteration's
+                    // K (a step ahead); its tiles are then made visible to the tensor cores'
+                    // (async-proxy) reads.
+                    wl!(
+                        s,
+                        "    mi::cp_async_wait<{}>();",
+                        n_stages - if wg.is_some() && n_stages >= 3 { 3 } else { 2 }
+                    );
+                    if wg.is_some() {
+                        wl!(s, "    mi::fence_proxy_async();");
+                    }
                     wl!(s, "    __syncthreads();");
                     for &(_, _, t) in &staged {
                         let ty = self.storage[t].map_or("float", Storage::cty);
@@ -1228,7 +1317,20 @@ impl Ctx<'_> {
             }
             Step::Flash => {
                 let Some((f, _)) = &self.flash else { return unsupported("internal error: no attention region") };
-                wl!(s, "fa.step({}, {}, {}, it == 0);", self.tile(f.q), self.tile(f.k), self.tile(f.v));
+                let (q, k, v) = (self.tile(f.q), self.tile(f.k), self.tile(f.v));
+                if f.wg.is_some() {
+                    // With three stages or more, the next iteration's K stage (already waited
+                    // for); else no lookahead across iterations (each step starts its own S).
+                    let elems = self.layout[f.k].map_or(0, |l| l.rows * l.ld);
+                    let (n, st) = (bg.forloop_range, self.stages);
+                    if st >= 3 {
+                        wl!(s, "fa.step({q}, {k}, {v}, it + 1 < {n} ? {k}_st + ((it + 1) % {st}) * {elems} : nullptr, it == 0);");
+                    } else {
+                        wl!(s, "fa.step({q}, {k}, {v}, nullptr, true);");
+                    }
+                } else {
+                    wl!(s, "fa.step({q}, {k}, {v}, it == 0);");
+                }
             }
             Step::FlashEnd => {
                 let Some((f, off)) = &self.flash else { return unsupported("internal error: no attention region") };
@@ -1557,6 +1659,25 @@ mod tests {
                 o.sort_unstable();
                 assert_eq!(o, (row * inner..(row + 1) * inner).collect::<Vec<_>>());
             }
+        }
+    }
+
+    #[test]
+    fn wide_swizzled_rows_are_column_blocks_of_one_atom_each() {
+        // [64, 256] as 4 blocks of [64, 64]: a permutation; each block is 8 KiB of its own,
+        // and within a block every row's 8 chunks are XOR-swizzled by the row (conflict-free).
+        let l = Layout { inner: 256, ld: 256, swz: Some(8), rows: 64, vector: true, staged: true };
+        let mut seen = vec![false; 64 * 256];
+        for i in 0..64 * 256 {
+            let o = l.offset(i);
+            assert!(!seen[o], "element {i} shares offset {o}");
+            seen[o] = true;
+            let (row, col) = (i / 256, i % 256);
+            assert_eq!(o / 4096, col / 64, "element {i} leaves its column block");
+            assert_eq!((o % 4096) / 64, row, "element {i} leaves its row");
+        }
+        for blk in 0..4 {
+            assert!(conflict_free(&l, (0..8).map(|r| r * 256 + blk * 64)), "block {blk}: one chunk of 8 rows");
         }
     }
 

@@ -50,6 +50,9 @@ pub(crate) struct FlashRegion {
     /// The grid fits one wave (`ONE_WAVE_BLOCKS`): an SM holds one block at most, so the
     /// warps may use more registers.
     pub one_wave: bool,
+    /// Row groups and key slices per warpgroup when the region runs on warpgroup tensor cores
+    /// (`mi::FlashWG`, sm_90a; set by the emitter from [`FlashRegion::wgmma`]).
+    pub wg: Option<(usize, usize)>,
 }
 
 impl FlashRegion {
@@ -106,9 +109,32 @@ impl FlashRegion {
         rg * (self.dv / 8 + self.chunk(rg, ks) / 8 + self.d / 16) * 4
     }
 
+    /// Whether the warpgroup form (`mi::FlashWG`) fits `nt` threads, as (row groups of 64,
+    /// key slices) per warpgroup: 64, 128 or 256 keys of 64-wide values per iteration (V in
+    /// 128-byte swizzle rows, K in column blocks of them), 16-bit tiles, whole warpgroups per
+    /// batch item covering its rows once (one or two groups each) or twice (two key slices).
+    pub fn wgmma(&self, nt: usize) -> Option<(usize, usize)> {
+        if !matches!(self.n, 64 | 128 | 256)
+            || self.dv != 64
+            || !nt.is_multiple_of(128)
+            || !(nt / 128).is_multiple_of(self.batch.max(1))
+        {
+            return None;
+        }
+        let (nwg, groups) = (nt / 128 / self.batch, self.m / 64);
+        if !self.m.is_multiple_of(64) || groups == 0 {
+            return None;
+        }
+        match (nwg / groups, groups / nwg) {
+            (1 | 2, _) if nwg.is_multiple_of(groups) => Some((1, nwg / groups)),
+            (0, 2) if groups.is_multiple_of(nwg) => Some((2, 1)),
+            _ => None,
+        }
+    }
+
     /// Bytes of shared memory `finish` needs to combine the slices (0 for one slice).
     pub fn combine_bytes(&self, nt: usize) -> usize {
-        let (_, ks) = self.warps(nt);
+        let ks = self.wg.map_or_else(|| self.warps(nt).1, |(_, ks)| ks);
         if ks > 1 {
             self.batch * ks * self.m * (self.dv + 2) * 4
         } else {
@@ -245,7 +271,7 @@ pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Optio
         }
         let batch: usize = lead(q).iter().product();
         let one_wave = bg.num_blocks() <= ONE_WAVE_BLOCKS;
-        let f = FlashRegion { ops: region, q, k, v, o, l, x, batch, m, d, n, dv, one_wave };
+        let f = FlashRegion { ops: region, q, k, v, o, l, x, batch, m, d, n, dv, one_wave, wg: None };
         if !(m.is_multiple_of(16) && d.is_multiple_of(16) && n.is_multiple_of(16) && dv.is_multiple_of(16)) {
             continue;
         }

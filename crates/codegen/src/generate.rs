@@ -137,7 +137,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
             KernelOpKind::Customized { graph } => {
                 let in_bufs: Vec<DevBuffer> = ins.iter().map(|b| (*b).clone()).collect();
                 let out_bufs: Vec<DevBuffer> = outs.iter().map(|b| (*b).clone()).collect();
-                let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs)?;
+                let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch)?;
                 let grid = graph.grid_dim.map(|x| x as u32);
                 let block = graph.block_dim.map(|x| x as u32);
                 (e.source, grid, block, e.smem_bytes)

@@ -243,8 +243,11 @@ pub fn is_available() -> bool {
     info().is_ok()
 }
 
+/// NVRTC's options for `arch`. sm_90 compiles as sm_90a (the same devices, plus wgmma, which
+/// the attention's warpgroup form uses; the runtime header checks the feature macro).
 fn options(arch: u32, info: &NvrtcInfo) -> Vec<String> {
-    let mut o = vec![format!("--gpu-architecture=sm_{arch}"), "-std=c++17".into(), "-lineinfo".into()];
+    let target = if arch == 90 { "sm_90a".to_string() } else { format!("sm_{arch}") };
+    let mut o = vec![format!("--gpu-architecture={target}"), "-std=c++17".into(), "-lineinfo".into()];
     for d in &info.include_dirs {
         o.push(format!("--include-path={}", d.display()));
     }

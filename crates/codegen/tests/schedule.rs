@@ -7,9 +7,14 @@ use mirage_codegen::{generate, Options};
 use mirage_ugraph::zoo::{self, Attn};
 use mirage_ugraph::{DType, KernelGraph};
 
-/// The source of the first customized kernel of `g`.
+/// The source of the first customized kernel of `g` for sm_90.
 fn kernel_source(g: &KernelGraph) -> String {
-    let p = generate(g, &Options::for_arch(90)).expect("generates");
+    kernel_source_for(g, 90)
+}
+
+/// The source of the first customized kernel of `g` for `arch`.
+fn kernel_source_for(g: &KernelGraph, arch: u32) -> String {
+    let p = generate(g, &Options::for_arch(arch)).expect("generates");
     let k = p.kernels.iter().find(|k| k.name.contains("customized")).expect("a customized kernel");
     let start = p.source.find("// block graph:").expect("kernels");
     let at = p.source[start..].find(&k.name).map(|i| start + i).expect("kernel in the source");
@@ -112,12 +117,12 @@ fn exp_tiles_stay_fp32_unless_the_running_max_bounds_them() {
 fn attention_warps_take_two_row_groups_only_in_one_wave() {
     // 8 blocks (one wave): each of the 4 warps takes 2 row groups of 16 and the warps split
     // every key chunk 2 ways (RG 2, KS 2), updating the softmax 16 keys at a time (CW 16).
-    let one = kernel_source(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph);
+    let one = kernel_source_for(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph, 80);
     assert!(one.contains("mi::Flash<NT, 1, 64, 64, 64, 64, 72, 72, 72, 2, 2, 16, mi::f16"), "{one}");
     // 256 blocks: one row group per warp (RG 1), so that registers stay within what several
     // blocks per SM allow.
     let many = Attn { b: 64, ..attn() };
-    let src = kernel_source(&zoo::attention_online(many, DType::Float16).expect("zoo").ugraph);
+    let src = kernel_source_for(&zoo::attention_online(many, DType::Float16).expect("zoo").ugraph, 80);
     assert!(src.contains("mi::Flash<NT, 1, 64, 64, 64, 64, 72, 72, 72, 1, "), "{src}");
 }
 
@@ -126,7 +131,7 @@ fn online_attention_keeps_scores_in_registers() {
     // The online-softmax loop (scores, running max, P, row sums, P V) is one register-resident
     // step: the loop has only the pipeline's barrier and materialises no score tile; the
     // accumulators are written once, after the loop.
-    let src = kernel_source(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph);
+    let src = kernel_source_for(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph, 80);
     assert!(src.contains("mi::Flash<NT, 1, 64, 64, "), "{src}");
     let body = loop_body(&src);
     assert_eq!(body.matches("fa.step(").count(), 1, "{body}");
@@ -134,6 +139,42 @@ fn online_attention_keeps_scores_in_registers() {
     assert!(!body.contains("mi::matmul_tile") && !body.contains("mi::reduce") && !body.contains("op_exp"), "{body}");
     let after = &src[src.find("fa.step(").expect("step")..];
     assert!(after.contains("fa.finish("), "{src}");
+}
+
+#[test]
+fn attention_runs_on_warpgroup_tensor_cores_on_sm_90() {
+    // sm_90: the same region as `mi::FlashWG` (wgmma): K and V staged in 128-byte rows with
+    // the hardware's swizzle from 1024-byte aligned buffers, the loop waiting for the next
+    // stage too (its K is read a step ahead) and fencing the copies for the tensor cores.
+    let src = kernel_source(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph);
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 72, 1, 1, mi::f16, mi::f16> fa;"), "{src}");
+    assert!(src.contains("__align__(1024) unsigned char mi_smem[]"), "{src}");
+    assert!(src.contains("mi::swz<64, 8>(i)"), "{src}");
+    let body = loop_body(&src);
+    assert!(body.contains("mi::cp_async_wait<1>();\n    mi::fence_proxy_async();\n    __syncthreads();"), "{body}");
+    assert!(body.contains("it + 1 < 4 ? t"), "{body}");
+    assert_eq!(body.matches("__syncthreads()").count(), 1, "{body}");
+    // Every K and V buffer starts on a 1024-byte boundary.
+    for line in src.lines().filter(|l| l.contains("_st = reinterpret_cast")) {
+        let off: usize = line
+            .split("mi_smem + ")
+            .nth(1)
+            .and_then(|r| r.split(')').next())
+            .and_then(|n| n.parse().ok())
+            .expect("offset");
+        assert_eq!(off % 1024, 0, "{line}");
+    }
+}
+
+#[test]
+fn wide_key_tiles_go_in_swizzled_column_blocks() {
+    // 256 keys per iteration: K [64, 256] is stored as 4 column blocks of [64, 64] (`swzb`),
+    // V [256, 64] keeps its 128-byte rows; the warpgroups take the keys in blocks of 64.
+    let wide = Attn { s: 4096, ..attn() };
+    let src = kernel_source(&zoo::attention_online(wide, DType::Float16).expect("zoo").ugraph);
+    assert!(src.contains("mi::swzb<256, 64>(i)"), "{src}");
+    assert!(src.contains("mi::swz<64, 8>(i)"), "{src}");
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 256, 72, "), "{src}");
 }
 
 #[test]

@@ -1234,6 +1234,9 @@ impl Ctx<'_> {
                     }
                     wl!(s, "    mi::cp_async_commit();");
                     wl!(s, "    mi::cp_async_wait<0>();");
+                    if wg.is_some() {
+                        wl!(s, "    mi::fence_proxy_async();");
+                    }
                     wl!(s, "    __syncthreads();");
                 }
                 dirty_w.clear();

@@ -852,6 +852,17 @@ pub(crate) fn wide(max: usize) -> bool {
 }
 
 impl Ctx<'_> {
+    /// Elements of one pipeline stage of tile `t` (0 for a tile without a layout).
+    fn stage_elems(&self, t: STensorId) -> usize {
+        self.layout[t].map_or(0, |l| l.rows * l.ld)
+    }
+
+    /// Whether the wgmma attention step reads the next iteration's K a step ahead: with three
+    /// stages or more, where the loop can wait for that stage too.
+    fn wg_lookahead(&self) -> bool {
+        self.flash.as_ref().is_some_and(|(f, _)| f.wg.is_some()) && self.stages >= 3
+    }
+
     fn dims(&self, t: STensorId) -> &[usize] {
         &self.bg.tensors[t].dims
     }
@@ -1113,7 +1124,6 @@ impl Ctx<'_> {
                 );
             }
         }
-        let stage_elems = |t: STensorId| self.layout[t].map_or(0, |l| l.rows * l.ld);
         // Barriers only where a step reads bytes written, or writes bytes touched, since the
         // last barrier (buffers share memory across lifetimes, so this is by byte range).
         let mut dirty_w: Vec<(usize, usize)> = Vec::new();
@@ -1178,7 +1188,7 @@ impl Ctx<'_> {
                     for st in 0..n_stages - 1 {
                         if st < bg.forloop_range {
                             for &(k, op, t) in &staged {
-                                let dst = format!("(t{t}_st + {})", st * stage_elems(t));
+                                let dst = format!("(t{t}_st + {})", st * self.stage_elems(t));
                                 for l in self.load(k, op, t, Some(&st.to_string()), &dst)?.lines() {
                                     wl!(s, "  {l}");
                                 }
@@ -1200,23 +1210,19 @@ impl Ctx<'_> {
                     // The wgmma form with three stages or more also reads the next iteration's
                     // K (a step ahead); its tiles are then made visible to the tensor cores'
                     // (async-proxy) reads.
-                    wl!(
-                        s,
-                        "    mi::cp_async_wait<{}>();",
-                        n_stages - if wg.is_some() && n_stages >= 3 { 3 } else { 2 }
-                    );
+                    wl!(s, "    mi::cp_async_wait<{}>();", n_stages - if self.wg_lookahead() { 3 } else { 2 });
                     if wg.is_some() {
                         wl!(s, "    mi::fence_proxy_async();");
                     }
                     wl!(s, "    __syncthreads();");
                     for &(_, _, t) in &staged {
                         let ty = self.storage[t].map_or("float", Storage::cty);
-                        wl!(s, "    {ty}* const t{t} = t{t}_st + (it % {n_stages}) * {};", stage_elems(t));
+                        wl!(s, "    {ty}* const t{t} = t{t}_st + (it % {n_stages}) * {};", self.stage_elems(t));
                     }
                     let ahead = n_stages - 1;
                     wl!(s, "    if (it + {ahead} < {}) {{", bg.forloop_range);
                     for &(k, op, t) in &staged {
-                        let dst = format!("(t{t}_st + ((it + {ahead}) % {n_stages}) * {})", stage_elems(t));
+                        let dst = format!("(t{t}_st + ((it + {ahead}) % {n_stages}) * {})", self.stage_elems(t));
                         for l in self.load(k, op, t, Some(&format!("(it + {ahead})")), &dst)?.lines() {
                             wl!(s, "      {l}");
                         }
@@ -1324,9 +1330,8 @@ impl Ctx<'_> {
                 if f.wg.is_some() {
                     // With three stages or more, the next iteration's K stage (already waited
                     // for); else no lookahead across iterations (each step starts its own S).
-                    let elems = self.layout[f.k].map_or(0, |l| l.rows * l.ld);
-                    let (n, st) = (bg.forloop_range, self.stages);
-                    if st >= 3 {
+                    let (n, st, elems) = (bg.forloop_range, self.stages, self.stage_elems(f.k));
+                    if self.wg_lookahead() {
                         wl!(s, "fa.step({q}, {k}, {v}, it + 1 < {n} ? {k}_st + ((it + 1) % {st}) * {elems} : nullptr, it == 0);");
                     } else {
                         wl!(s, "fa.step({q}, {k}, {v}, nullptr, true);");

@@ -74,9 +74,9 @@ CONFIG_KEYS: dict[str, type] = {
 
 _BACKENDS = ("cuda", "cpu")
 #: Candidates verified and timed when a GPU profiles them (the cost model's best).
-_GPU_TOP_N = 32
+_GPU_TOP_N = 48
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 9
+_CACHE_VERSION = 10
 #: Candidates compiled and timed on a GPU.
 PROFILE_TOP_N = 32
 

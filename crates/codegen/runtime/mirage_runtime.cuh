@@ -188,6 +188,7 @@ __host__ __device__ constexpr int pow2_floor(int x) {
   return p;
 }
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 
 // How NT threads share NOUT reductions of LEN elements: WPO whole warps per output (their
 // partials meet in shared memory) when outputs are fewer than warps and long, else TPO lanes
@@ -373,6 +374,58 @@ __device__ __forceinline__ void rms_norm_rows(Load load, Store store) {
         const float rms = sqrtf(ss / (float)LEN);
         for (int l = first; l < LEN; l += step) store(r * LEN + l, load(r * LEN + l) / rms);
       });
+}
+
+// RMS normalisation of ROWS rows of LEN 16-bit values T read from device memory, row r at
+// row(r) (contiguous, 16-byte aligned), 16 bytes at a time: TPO lanes share a row (coalesced
+// loads, shuffles, no barrier), each keeps its CNT vectors in registers between the sum of
+// squares and the scaled results, which go to store(r * LEN + l, v); the loads of up to P
+// passes are issued before their sums, so that each thread has up to 512 bytes in flight.
+// LEN % 8 == 0. Every thread must call it.
+template <int NT, int ROWS, int LEN, class T, class Row, class Store>
+__device__ __forceinline__ void rms_norm_rows_ld(Row row, Store store) {
+  static_assert(LEN % 8 == 0 && sizeof(T) == 2, "16-byte rows of 16-bit values");
+  constexpr int V = LEN / 8;
+  constexpr int TPO = pow2_floor(cmin(32, V));
+  constexpr int CNT = (V + TPO - 1) / TPO;
+  constexpr int RPP = NT / TPO;  // rows per pass
+  // Passes whose loads are all issued before the first sum (bytes in flight per thread).
+  constexpr int P = cmax(1, cmin((ROWS + RPP - 1) / RPP, 32 / CNT));
+  const int t = lin_tid();
+  const int g = t / TPO, j = t % TPO;
+  for (int r0 = 0; r0 < ROWS; r0 += P * RPP) {
+    uint4 u[P][CNT];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int r = r0 + p * RPP + g;
+#pragma unroll
+      for (int c = 0; c < CNT; ++c) {
+        const int v = j + c * TPO;
+        if (r < ROWS && (V % TPO == 0 || v < V)) u[p][c] = *reinterpret_cast<const uint4*>(row(r) + v * 8);
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int r = r0 + p * RPP + g;
+      float ss = 0.0f;
+#pragma unroll
+      for (int c = 0; c < CNT; ++c) {
+        const int v = j + c * TPO;
+        if (r < ROWS && (V % TPO == 0 || v < V)) acc8<T>(ss, u[p][c], [](float x) { return x * x; });
+      }
+      ss = lanes_reduce<TPO>(ss, [](float a, float b) { return a + b; });
+      const float rms = sqrtf(ss / (float)LEN);
+#pragma unroll
+      for (int c = 0; c < CNT; ++c) {
+        const int v = j + c * TPO;
+        if (r < ROWS && (V % TPO == 0 || v < V)) {
+          const T* h = reinterpret_cast<const T*>(&u[p][c]);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) store(r * LEN + v * 8 + e, to_f32(h[e]) / rms);
+        }
+      }
+    }
+  }
 }
 
 // RMS normalisation of ROWS rows of LEN 16-bit values T from `in` (row pitch LDI) to `out`

@@ -920,6 +920,36 @@ impl Ctx<'_> {
         ok.then(|| (l.ld, st.cty()))
     }
 
+    /// For a tile `t` read straight from device memory (not staged) in 16-bit values whose
+    /// rows are contiguous and start 16 bytes apart from an aligned base (last stride 1, the
+    /// others and the row length multiples of 8): the input's index, a pointer expression to
+    /// row `r` and the storage type.
+    fn device_rows(&self, t: STensorId) -> Option<(usize, String, &'static str)> {
+        let k = self.streamed[t]?;
+        let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[self.input_ops[k]].kind else {
+            return None;
+        };
+        let tile = self.dims(t);
+        let dev = &self.ins[k];
+        let (&len, &last) = (tile.last()?, dev.strides.last()?);
+        let ok = dev.storage != Storage::F32
+            && last == 1
+            && len % 8 == 0
+            && dev.strides.iter().rev().skip(1).all(|s| s % 8 == 0);
+        if !ok {
+            return None;
+        }
+        let base = self.tile_base(imap, forloop_dim, tile, &dev.strides, Some("it"));
+        let max: usize = tile.iter().zip(&dev.strides).map(|(&d, &s)| (d - 1) * s).sum();
+        let var = format!("((r) * {len})");
+        let off = if wide(max) {
+            offset_wide(tile, &var, tile, &dev.strides)
+        } else {
+            offset(tile, &var, tile, &dev.strides)
+        };
+        Some((k, format!("in{k} + {base} + {off}"), dev.storage.cty()))
+    }
+
     /// Template arguments `BATCH, M, N, K, LDA, LDB` of tile matmul `op` (row pitches through
     /// any padding), as `mi::matmul_tile` and `mi::MmaAcc` take them.
     fn mm_shape(&self, op: usize) -> String {
@@ -1363,14 +1393,32 @@ impl Ctx<'_> {
                     self.tile_base(omap, forloop_dim, tile, &dev.strides, (sec == Section::Loop).then_some("it"));
                 wl!(s, "{{ // t{t} -> output {j}");
                 wl!(s, "  const long long base = {base};");
-                wl!(
-                    s,
-                    "  for (int i = tid; i < {}; i += {nt}) out{j}[base + {}] = mi::from_f32<{}>({});",
-                    numel(tile),
-                    Self::tile_elem_offset(tile, &dev.strides),
-                    dev.storage.cty(),
-                    self.read(t, "i")
-                );
+                // A dense fp32 tile into rows of 8-element multiples: eight values a store.
+                let dense = self.streamed[t].is_none()
+                    && self.storage[t] == Some(Storage::F32)
+                    && self.layout[t].is_none_or(|l| l.ld == l.inner && l.swz.is_none());
+                let rows8 = tile.last().is_some_and(|l| l % 8 == 0)
+                    && dev.strides.last() == Some(&1)
+                    && dev.strides.iter().rev().skip(1).all(|s| s % 8 == 0);
+                if dense && rows8 {
+                    wl!(s, "  const bool vec = mi::aligned16(out{j});");
+                    wl!(
+                        s,
+                        "  for (int i = tid * 8; i < {}; i += {nt} * 8) mi::store8(out{j} + base + {}, {} + i, vec);",
+                        numel(tile),
+                        Self::tile_elem_offset(tile, &dev.strides),
+                        self.tile(t)
+                    );
+                } else {
+                    wl!(
+                        s,
+                        "  for (int i = tid; i < {}; i += {nt}) out{j}[base + {}] = mi::from_f32<{}>({});",
+                        numel(tile),
+                        Self::tile_elem_offset(tile, &dev.strides),
+                        dev.storage.cty(),
+                        self.read(t, "i")
+                    );
+                }
                 wl!(s, "}}");
             }
             Step::Group { g } => {
@@ -1493,14 +1541,29 @@ impl Ctx<'_> {
                         return Ok(s);
                     }
                 }
-                wl!(
-                    s,
+                let scalar = format!(
                     "mi::rms_norm_rows<{nt}, {}, {len}>([&](int i) {{ return {}; }}, [&](int i, float v) {{ {} = {}; }});",
                     numel(d) / len,
                     self.read(x, "i"),
                     self.at(o, "i"),
                     self.conv(o, "v")
                 );
+                // Rows straight from device memory: 16-byte loads, a row per few lanes.
+                if let Some((k, row, cty)) = self.device_rows(x) {
+                    wl!(s, "if (mi::aligned16(in{k})) {{");
+                    wl!(
+                        s,
+                        "  mi::rms_norm_rows_ld<{nt}, {}, {len}, {cty}>([&](int r) {{ return {row}; }}, [&](int i, float v) {{ {} = {}; }});",
+                        numel(d) / len,
+                        self.at(o, "i"),
+                        self.conv(o, "v")
+                    );
+                    wl!(s, "}} else {{");
+                    wl!(s, "  {scalar}");
+                    wl!(s, "}}");
+                } else {
+                    wl!(s, "{scalar}");
+                }
             }
             Step::Concat { op } => {
                 let BlockOpKind::Concat { dim } = bg.ops[op].kind else {

@@ -2,7 +2,7 @@
 //! op (block-graph kernels for customized ops, default kernels for predefined ops), the
 //! workspace plan and the assembled CUDA source.
 
-use mirage_ugraph::{KernelGraph, KernelOpKind, TensorId};
+use mirage_ugraph::{BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, TensorId, UnaryOp};
 
 use crate::block_kernel;
 use crate::default_kernels::{self as dk, Ew};
@@ -32,11 +32,33 @@ impl Options {
     }
 }
 
+/// Whether output `k` of a customized kernel is a plain value of the program: computed from
+/// its inputs by element-wise ops and normalisations only, with no sum (matmul, reduction,
+/// accumulator) or `exp` behind it. Such a tensor (a normalised V, say) is stored in its
+/// declared dtype, as the user's program would store it, so that the kernel consuming it
+/// streams 16-bit tiles (and may take them straight into tensor cores).
+fn plain_output(bg: &BlockGraph, k: usize) -> bool {
+    let Some(out) = bg.output_ops().nth(k) else { return false };
+    let mut todo = out.inputs.clone();
+    while let Some(t) = todo.pop() {
+        let Some(op) = bg.ops.iter().find(|o| o.outputs.contains(&t)) else { return false };
+        match op.kind {
+            BlockOpKind::Input { .. } => {}
+            BlockOpKind::RmsNorm | BlockOpKind::Binary { .. } => todo.extend(&op.inputs),
+            BlockOpKind::Unary { op: u } if u != UnaryOp::Exp => todo.extend(&op.inputs),
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// Generates the CUDA program of `g`.
 ///
 /// Graph inputs and outputs keep their dtypes and layouts; intermediate tensors between
-/// kernels are stored in fp32 in a workspace (fp32 accumulation end to end, and no overflow
-/// of partial sums such as `exp` sums). Ops no output depends on are skipped.
+/// kernels are stored in a workspace: in fp32 where they carry sums or `exp` values (fp32
+/// accumulation end to end, and no overflow of partial sums such as `exp` sums), in their
+/// declared dtype where they are plain values ([`plain_output`]). Ops no output depends on
+/// are skipped.
 pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
     let g = g.revalidate()?;
     let n_t = g.tensors.len();
@@ -105,14 +127,18 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         if !opneed[i] {
             continue;
         }
-        for &t in &op.outputs {
+        for (k, &t) in op.outputs.iter().enumerate() {
             if buf[t].is_none() {
                 let dims = g.tensors[t].dims.clone();
-                let bytes = dims.iter().product::<usize>() * 4;
+                let storage = match &op.kind {
+                    KernelOpKind::Customized { graph } if plain_output(graph, k) => Storage::of(g.tensors[t].dtype),
+                    _ => Storage::F32,
+                };
+                let bytes = dims.iter().product::<usize>() * storage.size_bytes();
                 buf[t] = Some(DevBuffer {
                     strides: dk::dense(&dims),
                     dims,
-                    storage: Storage::F32,
+                    storage,
                     location: BufferRef::Workspace(workspace),
                 });
                 workspace += bytes.div_ceil(WORKSPACE_ALIGN) * WORKSPACE_ALIGN;
@@ -217,4 +243,46 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         .map(|(&t, s)| TensorDesc { dims: g.tensors[t].dims.clone(), strides: s.clone(), dtype: g.tensors[t].dtype })
         .collect();
     Ok(Program { source, arch: opts.arch, kernels, inputs, outputs, workspace_bytes: workspace })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mirage_ugraph::{Accum, DType};
+
+    /// Kernel 1 computes `norm(X)` (with `exp` first when `exp`) or the sum of X's rows;
+    /// kernel 2 adds it to X. Returns the generated source.
+    fn two_kernels(first: &str) -> String {
+        let mut g = KernelGraph::new();
+        let x = g.new_input(&[64, 64], DType::Float16, None).expect("input");
+        let mut k1 = BlockGraph::new([4, 1, 1], [128, 1, 1], 1, 64).expect("grid");
+        let t = k1.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("tile");
+        let y = match first {
+            "norm" => k1.rms_norm(t),
+            "exp" => k1.unary(UnaryOp::Exp, t).and_then(|e| k1.rms_norm(e)),
+            _ => k1.forloop_accum(t, Accum::None),
+        }
+        .expect("op");
+        k1.new_output(y, [0, -1, -1], -1).expect("output");
+        let y = g.customized(&[x], k1).expect("kernel 1")[0];
+        let mut k2 = BlockGraph::new([4, 1, 1], [128, 1, 1], 1, 64).expect("grid");
+        let a = k2.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("a");
+        let b = k2.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("b");
+        let z = k2.binary(mirage_ugraph::BinaryOp::Add, a, b).expect("add");
+        k2.new_output(z, [0, -1, -1], -1).expect("output");
+        let z = g.customized(&[x, y], k2).expect("kernel 2")[0];
+        g.mark_output(z, None).expect("mark");
+        generate(&g, &Options::for_arch(90)).expect("generates").source
+    }
+
+    #[test]
+    fn plain_intermediates_keep_their_dtype_and_sums_stay_fp32() {
+        let second = |src: &str| src.split("mi_k2_customized(").nth(1).map(|s| s[..120].to_string());
+        let norm = second(&two_kernels("norm")).expect("kernel 2");
+        assert!(norm.contains("const mi::f16* __restrict__ in1"), "{norm}");
+        for first in ["exp", "sum"] {
+            let s = second(&two_kernels(first)).expect("kernel 2");
+            assert!(s.contains("const float* __restrict__ in1"), "{first}: {s}");
+        }
+    }
 }

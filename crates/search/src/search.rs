@@ -18,13 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mirage_ugraph::types::row_major_strides;
-use mirage_ugraph::{graph_hash, BinaryOp, KernelGraph, KernelOpKind, UnaryOp};
+use mirage_ugraph::{graph_hash, BinaryOp, BlockGraph, KernelGraph, KernelOpKind, UnaryOp};
 use rayon::prelude::*;
 
 use crate::axioms::SaturationReport;
 use crate::config::SearchConfig;
 use crate::control::{Control, StopReason};
-use crate::cost::{kernel_graph_cost, Cost};
+use crate::cost::{block_graph_cost, kernel_graph_cost, Cost, CostModel};
 use crate::error::{Result, SearchError};
 use crate::expr::{op_term, OpRef};
 use crate::generator::{count_plans, search_block_graphs, BlockSolution, Env, Mode, TensorInfo};
@@ -633,9 +633,7 @@ fn shape(g: &KernelGraph) -> (Vec<(usize, usize, usize)>, usize) {
     let mut predefined = 0;
     for op in &g.ops {
         match &op.kind {
-            KernelOpKind::Customized { graph } => {
-                custom.push((graph.num_blocks(), graph.block_dim.iter().product(), graph.forloop_range))
-            }
+            KernelOpKind::Customized { graph } => custom.push(launch(graph)),
             KernelOpKind::Input { .. } => {}
             _ => predefined += 1,
         }
@@ -643,29 +641,76 @@ fn shape(g: &KernelGraph) -> (Vec<(usize, usize, usize)>, usize) {
     (custom, predefined)
 }
 
-/// The order in which candidates are checked: with `spread`, the cheapest of each distinct
-/// structure (loop ranges of the customized kernels, predefined ops) first; then the cheapest
-/// of each distinct launch shape; then the rest, each tier by cost. The cost model ranks
-/// shapes only roughly (loop latency, occupancy), so the verified set, which a GPU then
-/// times, spans shapes (and structures) instead of near-copies of the model's favourite.
-fn check_order(cands: &[Candidate], spread: bool) -> Vec<usize> {
-    let (mut structures, mut shapes) = (std::collections::HashSet::new(), std::collections::HashSet::new());
-    let (mut first, mut second, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+/// (blocks, threads per block, for-loop range) of one customized kernel.
+fn launch(bg: &BlockGraph) -> (usize, usize, usize) {
+    (bg.num_blocks(), bg.block_dim.iter().product(), bg.forloop_range)
+}
+
+/// The launch of the candidate's costliest customized kernel (by the model): the kernel whose
+/// tile shape decides the run time, where the others (a split-KV combine, a norm of one
+/// operand) change it little.
+fn main_launch(g: &KernelGraph, m: &CostModel) -> Option<(usize, usize, usize)> {
+    g.ops
+        .iter()
+        .filter_map(|op| match &op.kind {
+            KernelOpKind::Customized { graph } => Some((block_graph_cost(graph, m).est_us, launch(graph))),
+            _ => None,
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, l)| l)
+}
+
+/// How far above the cheapest candidate's modelled cost a new main shape is still checked
+/// before the launch-shape variants (see [`check_order`]).
+const MAIN_SHAPE_REACH: f64 = 2.0;
+
+/// The order in which candidates are checked, in tiers, each by cost. With `spread`: the
+/// cheapest candidate of each distinct structure (loop ranges of the customized kernels,
+/// predefined ops); then the cheapest of each distinct main shape (the structure and the
+/// launch shape of its costliest kernel) within [`MAIN_SHAPE_REACH`] of the cheapest cost;
+/// then the cheapest of each distinct launch shape (every kernel's); then the rest. Without
+/// `spread`: launch shapes, then the rest. The cost model ranks shapes only roughly (loop
+/// latency, occupancy, which operands the generated code can stream), so the verified set,
+/// which a GPU then times, spans structures and main-kernel shapes before it spends checks on
+/// variants of the model's favourite (one attention kernel with each shape of its small
+/// combine kernel).
+fn check_order(cands: &[Candidate], spread: bool, m: &CostModel) -> Vec<usize> {
+    let (mut structures, mut mains, mut shapes) = (HashSet::new(), HashSet::new(), HashSet::new());
+    let reach = cands.first().map_or(0.0, |c| c.cost.est_us * MAIN_SHAPE_REACH);
+    let mut tiers: [Vec<usize>; 4] = Default::default();
     for (i, c) in cands.iter().enumerate() {
         let (custom, predefined) = shape(&c.graph);
-        let franges: Vec<usize> = custom.iter().map(|k| k.2).collect();
+        let structure: (Vec<usize>, usize) = (custom.iter().map(|k| k.2).collect(), predefined);
         let new_shape = shapes.insert((custom, predefined));
-        if spread && structures.insert((franges, predefined)) {
-            first.push(i);
+        let tier = if !spread {
+            if new_shape {
+                2
+            } else {
+                3
+            }
+        } else if structures.insert(structure.clone()) {
+            mains.insert((structure, main_launch(&c.graph, m)));
+            0
+        } else if c.cost.est_us <= reach && mains.insert((structure, main_launch(&c.graph, m))) {
+            1
         } else if new_shape {
-            second.push(i);
+            2
         } else {
-            rest.push(i);
+            3
+        };
+        tiers[tier].push(i);
+    }
+    let [first, mains, shapes, rest] = tiers;
+    let mut order = first;
+    let (mut a, mut b) = (mains.into_iter(), shapes.into_iter());
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => break,
+            (x, y) => order.extend(x.into_iter().chain(y)),
         }
     }
-    first.extend(second);
-    first.extend(rest);
-    first
+    order.extend(rest);
+    order
 }
 
 /// Checks candidates in [`check_order`] until `top_n` pass (or four times as many were tried);
@@ -677,7 +722,7 @@ fn verify_all(
     cands: &mut Vec<Candidate>,
 ) -> (usize, usize) {
     let want = cfg.verify.top_n;
-    let order = check_order(cands, cfg.verify.spread);
+    let order = check_order(cands, cfg.verify.spread, &cfg.cost_model);
     let (mut passed, mut failed, mut next) = (0, 0, 0);
     while passed < want && next < order.len() && next < 4 * want.max(1) && !ctl.cancelled() {
         let end = (next + (want - passed)).min(order.len());

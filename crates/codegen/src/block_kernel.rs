@@ -846,6 +846,15 @@ fn copy_steps(tile: &[usize], strides: &[usize], layout: &Layout, nt: usize, vec
     (same && reps <= 64).then_some(steps)
 }
 
+/// Whether a tile's rows lie contiguous in a device tensor and start a multiple of 8 elements
+/// apart (last stride 1, the other strides and the row length multiples of 8): from an aligned
+/// base, each row starts 16-byte aligned for 16-bit values.
+fn rows_of_8(tile: &[usize], strides: &[usize]) -> bool {
+    tile.last().is_some_and(|l| l % 8 == 0)
+        && strides.last() == Some(&1)
+        && strides.iter().rev().skip(1).all(|s| s % 8 == 0)
+}
+
 /// Whether offsets up to `max` need 64-bit arithmetic.
 pub(crate) fn wide(max: usize) -> bool {
     max >= i32::MAX as usize / 2
@@ -882,21 +891,11 @@ impl Ctx<'_> {
     /// `to_f32` read of tile `t` at index expression `idx`.
     fn read(&self, t: STensorId, idx: &str) -> String {
         if let Some(k) = self.streamed[t] {
-            let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[self.input_ops[k]].kind else {
+            let Some(at) = self.streamed_offset(t, &format!("({idx})")) else {
                 return format!("t{t}[{idx}]");
             };
-            let tile = self.dims(t);
-            let dev = &self.ins[k];
-            let base = self.tile_base(imap, forloop_dim, tile, &dev.strides, Some("it"));
-            let max: usize = tile.iter().zip(&dev.strides).map(|(&d, &s)| (d - 1) * s).sum();
-            let var = format!("({idx})");
-            let off = if wide(max) {
-                offset_wide(tile, &var, tile, &dev.strides)
-            } else {
-                offset(tile, &var, tile, &dev.strides)
-            };
-            let g = format!("in{k}[{base} + {off}]");
-            return match dev.storage {
+            let g = format!("in{k}[{at}]");
+            return match self.ins[k].storage {
                 Storage::F32 => g,
                 _ => format!("mi::to_f32({g})"),
             };
@@ -920,34 +919,31 @@ impl Ctx<'_> {
         ok.then(|| (l.ld, st.cty()))
     }
 
-    /// For a tile `t` read straight from device memory (not staged) in 16-bit values whose
-    /// rows are contiguous and start 16 bytes apart from an aligned base (last stride 1, the
-    /// others and the row length multiples of 8): the input's index, a pointer expression to
-    /// row `r` and the storage type.
-    fn device_rows(&self, t: STensorId) -> Option<(usize, String, &'static str)> {
+    /// Element offset, inside its device tensor, of element `idx` of tile `t` read straight
+    /// from device memory (not staged): the tile's base for this block and iteration plus
+    /// the element's offset.
+    fn streamed_offset(&self, t: STensorId, idx: &str) -> Option<String> {
         let k = self.streamed[t]?;
         let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[self.input_ops[k]].kind else {
             return None;
         };
         let tile = self.dims(t);
-        let dev = &self.ins[k];
-        let (&len, &last) = (tile.last()?, dev.strides.last()?);
-        let ok = dev.storage != Storage::F32
-            && last == 1
-            && len % 8 == 0
-            && dev.strides.iter().rev().skip(1).all(|s| s % 8 == 0);
-        if !ok {
+        let strides = &self.ins[k].strides;
+        let base = self.tile_base(imap, forloop_dim, tile, strides, Some("it"));
+        Some(format!("{base} + {}", Self::tile_elem_offset(tile, strides, idx)))
+    }
+
+    /// For a tile `t` read straight from device memory (not staged) in 16-bit values whose
+    /// rows are contiguous and start 16 bytes apart from an aligned base ([`rows_of_8`]): the
+    /// input's index, a pointer expression to row `r` and the storage type.
+    fn device_rows(&self, t: STensorId) -> Option<(usize, String, &'static str)> {
+        let k = self.streamed[t]?;
+        let (tile, dev) = (self.dims(t), &self.ins[k]);
+        if dev.storage == Storage::F32 || !rows_of_8(tile, &dev.strides) {
             return None;
         }
-        let base = self.tile_base(imap, forloop_dim, tile, &dev.strides, Some("it"));
-        let max: usize = tile.iter().zip(&dev.strides).map(|(&d, &s)| (d - 1) * s).sum();
-        let var = format!("((r) * {len})");
-        let off = if wide(max) {
-            offset_wide(tile, &var, tile, &dev.strides)
-        } else {
-            offset(tile, &var, tile, &dev.strides)
-        };
-        Some((k, format!("in{k} + {base} + {off}"), dev.storage.cty()))
+        let at = self.streamed_offset(t, &format!("((r) * {})", tile.last()?))?;
+        Some((k, format!("in{k} + {at}"), dev.storage.cty()))
     }
 
     /// Template arguments `BATCH, M, N, K, LDA, LDB` of tile matmul `op` (row pitches through
@@ -1035,7 +1031,7 @@ impl Ctx<'_> {
         let scalar = format!(
             "for (int i = tid; i < {n}; i += NT) {dst}[{}] = in{k}[base + {}];",
             l.index("i"),
-            Self::tile_elem_offset(tile, &dev.strides)
+            Self::tile_elem_offset(tile, &dev.strides, "i")
         );
         if l.vector {
             let vec = 16 / dev.storage.size_bytes();
@@ -1047,7 +1043,11 @@ impl Ctx<'_> {
             if let Some(steps) = whole.then(|| copy_steps(tile, &dev.strides, &l, self.nt, vec)).flatten() {
                 // Every copy of this thread is its first plus a constant: one address per tile.
                 wl!(s, "    const unsigned i = (unsigned)tid * {vec}u;");
-                wl!(s, "    const auto* const src = in{k} + base + {};", Self::tile_elem_offset(tile, &dev.strides));
+                wl!(
+                    s,
+                    "    const auto* const src = in{k} + base + {};",
+                    Self::tile_elem_offset(tile, &dev.strides, "i")
+                );
                 wl!(s, "    auto* const dst = {dst} + {};", l.index("i"));
                 for (sc, dc) in steps {
                     wl!(s, "    mi::cp_async16(dst + {dc}, src + {sc}LL);");
@@ -1065,7 +1065,7 @@ impl Ctx<'_> {
                     s,
                     "      mi::cp_async16({dst} + {}, in{k} + base + {});",
                     l.index("i"),
-                    Self::tile_elem_offset(tile, &dev.strides)
+                    Self::tile_elem_offset(tile, &dev.strides, "i")
                 );
                 wl!(s, "    }}");
             }
@@ -1328,13 +1328,13 @@ impl Ctx<'_> {
         tile_base(self.bg, map, fdim, tile, strides, iter)
     }
 
-    /// Element offset inside a device tensor of tile element `i` (tile dims, device strides).
-    fn tile_elem_offset(tile: &[usize], strides: &[usize]) -> String {
+    /// Element offset inside a device tensor of tile element `idx` (tile dims, device strides).
+    fn tile_elem_offset(tile: &[usize], strides: &[usize], idx: &str) -> String {
         let max: usize = tile.iter().zip(strides).map(|(&d, &s)| (d - 1) * s).sum();
         if wide(max) {
-            offset_wide(tile, "i", tile, strides)
+            offset_wide(tile, idx, tile, strides)
         } else {
-            offset(tile, "i", tile, strides)
+            offset(tile, idx, tile, strides)
         }
     }
 
@@ -1397,16 +1397,13 @@ impl Ctx<'_> {
                 let dense = self.streamed[t].is_none()
                     && self.storage[t] == Some(Storage::F32)
                     && self.layout[t].is_none_or(|l| l.ld == l.inner && l.swz.is_none());
-                let rows8 = tile.last().is_some_and(|l| l % 8 == 0)
-                    && dev.strides.last() == Some(&1)
-                    && dev.strides.iter().rev().skip(1).all(|s| s % 8 == 0);
-                if dense && rows8 {
+                if dense && rows_of_8(tile, &dev.strides) {
                     wl!(s, "  const bool vec = mi::aligned16(out{j});");
                     wl!(
                         s,
                         "  for (int i = tid * 8; i < {}; i += {nt} * 8) mi::store8(out{j} + base + {}, {} + i, vec);",
                         numel(tile),
-                        Self::tile_elem_offset(tile, &dev.strides),
+                        Self::tile_elem_offset(tile, &dev.strides, "i"),
                         self.tile(t)
                     );
                 } else {
@@ -1414,7 +1411,7 @@ impl Ctx<'_> {
                         s,
                         "  for (int i = tid; i < {}; i += {nt}) out{j}[base + {}] = mi::from_f32<{}>({});",
                         numel(tile),
-                        Self::tile_elem_offset(tile, &dev.strides),
+                        Self::tile_elem_offset(tile, &dev.strides, "i"),
                         dev.storage.cty(),
                         self.read(t, "i")
                     );

@@ -1386,17 +1386,22 @@ __device__ __forceinline__ void wg_wait() {
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
 
+// One wgmma of instruction string RS (of the element type) with accumulator operands D, A
+// in registers a, B descriptor b, scale-d flag acc: the f16 or bf16 form by T.
+#define MI_WG_MMA(RS, D)                                                                          \
+  if constexpr (same_type<T, f16>::value) {                                                       \
+    asm volatile(RS("f16") : D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));  \
+  } else {                                                                                        \
+    asm volatile(RS("bf16") : D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc)); \
+  }
+
 // d (+)= A B for one warpgroup, m64 n64 k16: A in registers (each warp its 16 rows, the mma
 // A-fragment layout), B through descriptor `b` (MN-major: transposed), d in the mma
 // accumulator layout per warp. `acc` = 0 overwrites d.
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b, int acc) {
 #if MI_WGMMA
-  if constexpr (same_type<T, f16>::value) {
-    asm volatile(MI_WG_RS("f16") : MI_WG_D32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
-  } else {
-    asm volatile(MI_WG_RS("bf16") : MI_WG_D32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
-  }
+  MI_WG_MMA(MI_WG_RS, MI_WG_D32(d));
 #endif
 }
 
@@ -1413,11 +1418,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const unsigned
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], const unsigned (&a)[4], unsigned long long b, int acc) {
 #if MI_WGMMA
-  if constexpr (same_type<T, f16>::value) {
-    asm volatile(MI_WG_RS32("f16") : MI_WG_D16(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
-  } else {
-    asm volatile(MI_WG_RS32("bf16") : MI_WG_D16(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
-  }
+  MI_WG_MMA(MI_WG_RS32, MI_WG_D16(d));
 #endif
 }
 // Pins an accumulator's registers at this point of the program (the hardware writes them

@@ -188,7 +188,6 @@ __host__ __device__ constexpr int pow2_floor(int x) {
   return p;
 }
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
-__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 
 // How NT threads share NOUT reductions of LEN elements: WPO whole warps per output (their
 // partials meet in shared memory) when outputs are fewer than warps and long, else TPO lanes
@@ -376,65 +375,14 @@ __device__ __forceinline__ void rms_norm_rows(Load load, Store store) {
       });
 }
 
-// RMS normalisation of ROWS rows of LEN 16-bit values T read from device memory, row r at
-// row(r) (contiguous, 16-byte aligned), 16 bytes at a time: TPO lanes share a row (coalesced
-// loads, shuffles, no barrier), each keeps its CNT vectors in registers between the sum of
-// squares and the scaled results, which go to store(r * LEN + l, v); the loads of up to P
-// passes are issued before their sums, so that each thread has up to 512 bytes in flight.
-// LEN % 8 == 0. Every thread must call it.
-template <int NT, int ROWS, int LEN, class T, class Row, class Store>
-__device__ __forceinline__ void rms_norm_rows_ld(Row row, Store store) {
+// RMS normalisation of ROWS rows of LEN 16-bit values T, row r at row(r) (contiguous,
+// 16-byte aligned; shared or device memory), 16 bytes at a time: TPO lanes share a row
+// (coalesced loads, shuffles, no barrier), each keeps its CNT vectors in registers between
+// the sum of squares and the results: out(r, v, u, rms) gets vector v (elements 8v .. 8v + 7)
+// of row r as loaded and the row's rms. LEN % 8 == 0. Every thread must call it.
+template <int NT, int ROWS, int LEN, class T, class Row, class Out>
+__device__ __forceinline__ void rms_rows_regs(Row row, Out out) {
   static_assert(LEN % 8 == 0 && sizeof(T) == 2, "16-byte rows of 16-bit values");
-  constexpr int V = LEN / 8;
-  constexpr int TPO = pow2_floor(cmin(32, V));
-  constexpr int CNT = (V + TPO - 1) / TPO;
-  constexpr int RPP = NT / TPO;  // rows per pass
-  // Passes whose loads are all issued before the first sum (bytes in flight per thread).
-  constexpr int P = cmax(1, cmin((ROWS + RPP - 1) / RPP, 32 / CNT));
-  const int t = lin_tid();
-  const int g = t / TPO, j = t % TPO;
-  for (int r0 = 0; r0 < ROWS; r0 += P * RPP) {
-    uint4 u[P][CNT];
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int r = r0 + p * RPP + g;
-#pragma unroll
-      for (int c = 0; c < CNT; ++c) {
-        const int v = j + c * TPO;
-        if (r < ROWS && (V % TPO == 0 || v < V)) u[p][c] = *reinterpret_cast<const uint4*>(row(r) + v * 8);
-      }
-    }
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int r = r0 + p * RPP + g;
-      float ss = 0.0f;
-#pragma unroll
-      for (int c = 0; c < CNT; ++c) {
-        const int v = j + c * TPO;
-        if (r < ROWS && (V % TPO == 0 || v < V)) acc8<T>(ss, u[p][c], [](float x) { return x * x; });
-      }
-      ss = lanes_reduce<TPO>(ss, [](float a, float b) { return a + b; });
-      const float rms = sqrtf(ss / (float)LEN);
-#pragma unroll
-      for (int c = 0; c < CNT; ++c) {
-        const int v = j + c * TPO;
-        if (r < ROWS && (V % TPO == 0 || v < V)) {
-          const T* h = reinterpret_cast<const T*>(&u[p][c]);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) store(r * LEN + v * 8 + e, to_f32(h[e]) / rms);
-        }
-      }
-    }
-  }
-}
-
-// RMS normalisation of ROWS rows of LEN 16-bit values T from `in` (row pitch LDI) to `out`
-// (row pitch LDO), 16 bytes at a time: TPO lanes share a row (shuffles, no barrier), each keeps
-// its CNT vectors in registers between the sum of squares and the scaled store. LEN, LDI and
-// LDO are multiples of 8; rows 16-byte aligned. Every thread must call it.
-template <int NT, int ROWS, int LEN, int LDI, int LDO, class T>
-__device__ __forceinline__ void rms_norm_rows_vec(const T* in, T* out) {
-  static_assert(LEN % 8 == 0 && LDI % 8 == 0 && LDO % 8 == 0 && sizeof(T) == 2, "16-byte rows of 16-bit values");
   constexpr int V = LEN / 8;
   constexpr int TPO = pow2_floor(cmin(32, V));
   constexpr int CNT = (V + TPO - 1) / TPO;
@@ -448,7 +396,7 @@ __device__ __forceinline__ void rms_norm_rows_vec(const T* in, T* out) {
     for (int c = 0; c < CNT; ++c) {
       const int v = j + c * TPO;
       if (r < ROWS && (V % TPO == 0 || v < V)) {
-        u[c] = *reinterpret_cast<const uint4*>(in + r * LDI + v * 8);
+        u[c] = *reinterpret_cast<const uint4*>(row(r) + v * 8);
         acc8<T>(ss, u[c], [](float x) { return x * x; });
       }
     }
@@ -457,16 +405,35 @@ __device__ __forceinline__ void rms_norm_rows_vec(const T* in, T* out) {
 #pragma unroll
     for (int c = 0; c < CNT; ++c) {
       const int v = j + c * TPO;
-      if (r < ROWS && (V % TPO == 0 || v < V)) {
-        uint4 o;
-        const T* h = reinterpret_cast<const T*>(&u[c]);
-        T* w = reinterpret_cast<T*>(&o);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) w[e] = from_f32<T>(to_f32(h[e]) / rms);
-        *reinterpret_cast<uint4*>(out + r * LDO + v * 8) = o;
-      }
+      if (r < ROWS && (V % TPO == 0 || v < V)) out(r, v, u[c], rms);
     }
   }
+}
+
+// rms_rows_regs of rows read from device memory, row r at row(r); the results go to
+// store(r * LEN + l, v) one by one.
+template <int NT, int ROWS, int LEN, class T, class Row, class Store>
+__device__ __forceinline__ void rms_norm_rows_ld(Row row, Store store) {
+  rms_rows_regs<NT, ROWS, LEN, T>(row, [&](int r, int v, const uint4& u, float rms) {
+    const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) store(r * LEN + v * 8 + e, to_f32(h[e]) / rms);
+  });
+}
+
+// rms_rows_regs from `in` (row pitch LDI) to `out` (row pitch LDO), 16-bit values T both,
+// 16 bytes a store. LDI and LDO are multiples of 8; rows 16-byte aligned.
+template <int NT, int ROWS, int LEN, int LDI, int LDO, class T>
+__device__ __forceinline__ void rms_norm_rows_vec(const T* in, T* out) {
+  static_assert(LDI % 8 == 0 && LDO % 8 == 0, "16-byte row pitches");
+  rms_rows_regs<NT, ROWS, LEN, T>([&](int r) { return in + r * LDI; }, [&](int r, int v, const uint4& u, float rms) {
+    uint4 o;
+    const T* h = reinterpret_cast<const T*>(&u);
+    T* w = reinterpret_cast<T*>(&o);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) w[e] = from_f32<T>(to_f32(h[e]) / rms);
+    *reinterpret_cast<uint4*>(out + r * LDO + v * 8) = o;
+  });
 }
 
 // -------------------------------------------------------------- tile matmul

@@ -483,13 +483,17 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const uns
 #endif
 }
 
-__device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
+// By shared-window address (bytes), so that constant offsets fold into the instruction.
+__device__ __forceinline__ void ldsm_x4_at(unsigned* r, unsigned s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
 #endif
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
+  ldsm_x4_at(r, (unsigned)__cvta_generic_to_shared(p));
 }
 
 __device__ __forceinline__ void ldsm_x2_trans(unsigned* r, const void* p) {
@@ -501,15 +505,7 @@ __device__ __forceinline__ void ldsm_x2_trans(unsigned* r, const void* p) {
 #endif
 }
 
-// By shared-window address (bytes), so that constant offsets fold into the instruction.
-__device__ __forceinline__ void ldsm_x4_at(unsigned* r, unsigned s) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-#endif
-}
-
+// The transposed form, by shared-window address too.
 __device__ __forceinline__ void ldsm_x4_trans_at(unsigned* r, unsigned s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"

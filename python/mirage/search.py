@@ -73,7 +73,8 @@ CONFIG_KEYS: dict[str, type] = {
 }
 
 _BACKENDS = ("cuda", "cpu")
-#: Candidates verified and timed when a GPU profiles them (the cost model's best).
+#: Candidates verified when a GPU profiles them (in the search's check order); the
+#: PROFILE_TOP_N cheapest of those that pass are compiled and timed.
 _GPU_TOP_N = 48
 _CACHE_FORMAT = "mirage-rs/search-result"
 _CACHE_VERSION = 10

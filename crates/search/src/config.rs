@@ -43,12 +43,12 @@ pub struct VerifyOptions {
     /// Seed of the random inputs and boxes.
     pub seed: u64,
     /// Check the cheapest candidate of each structure (kernel count, predefined ops, loop
-    /// ranges), then the cheapest of each main shape (the structure and its costliest
-    /// kernel's launch shape) near the cheapest cost, before the other launch shapes: for a
-    /// GPU that times the verified set and picks the fastest, a set spanning structures and
-    /// main-kernel shapes beats near-copies of the model's favourite. Without a GPU the
-    /// model's cheapest verified candidate is chosen, so the default checks by launch shape
-    /// only.
+    /// ranges) first; then, in turn, the cheapest of each main shape (the structure and its
+    /// costliest kernel's launch shape) near the cheapest cost and the cheapest of each launch
+    /// shape: for a GPU that times the verified set and picks the fastest, a set spanning
+    /// structures and main-kernel shapes beats near-copies of the model's favourite. Without a
+    /// GPU the model's cheapest verified candidate is chosen, so the default checks by launch
+    /// shape only.
     pub spread: bool,
 }
 

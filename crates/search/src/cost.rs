@@ -2,9 +2,9 @@
 //!
 //! Per kernel launch: `time = max(max(DRAM bytes / DRAM bandwidth, L2 bytes / L2 bandwidth,
 //! flops / peak + streamed-operand flops / their rate) / wave utilisation, waves * loop steps *
-//! step latency) + launch overhead + exposed memory latency`. The exposed latency is one DRAM round trip per wave when the generated
-//! kernel multi-buffers its per-iteration tiles (`BlockGraph::pipeline_stages` > 1), one per
-//! loop iteration when it cannot.
+//! step latency) + launch overhead + exposed memory latency`. The exposed latency is one DRAM
+//! round trip per wave when the generated kernel multi-buffers its per-iteration tiles
+//! (`BlockGraph::pipeline_stages` > 1), one per loop iteration when it cannot.
 //! A customized kernel reads each device input once from DRAM (replicated tiles are served by
 //! L2) and writes its outputs once; every tile load of every block and iteration is L2 traffic.
 //! Wave utilisation is `blocks / (waves * SMs)`: a grid smaller than the GPU leaves SMs idle.

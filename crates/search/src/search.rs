@@ -664,14 +664,14 @@ fn main_launch(g: &KernelGraph, m: &CostModel) -> Option<(usize, usize, usize)> 
 /// before the launch-shape variants (see [`check_order`]).
 const MAIN_SHAPE_REACH: f64 = 2.0;
 
-/// The order in which candidates are checked, in tiers, each by cost. With `spread`: the
-/// cheapest candidate of each distinct structure (loop ranges of the customized kernels,
-/// predefined ops); then the cheapest of each distinct main shape (the structure and the
-/// launch shape of its costliest kernel) within [`MAIN_SHAPE_REACH`] of the cheapest cost;
-/// then the cheapest of each distinct launch shape (every kernel's); then the rest. Without
-/// `spread`: launch shapes, then the rest. The cost model ranks shapes only roughly (loop
-/// latency, occupancy, which operands the generated code can stream), so the verified set,
-/// which a GPU then times, spans structures and main-kernel shapes before it spends checks on
+/// The order in which candidates are checked. With `spread`: the cheapest candidate of each
+/// distinct structure (loop ranges of the customized kernels, predefined ops), by cost; then,
+/// taking one of each in turn, the cheapest of each distinct main shape (the structure and
+/// the launch shape of its costliest kernel) within [`MAIN_SHAPE_REACH`] of the cheapest cost
+/// and the cheapest of each distinct launch shape (every kernel's), each list by cost; then
+/// the rest. Without `spread`: launch shapes, then the rest. The cost model ranks shapes only
+/// roughly (loop latency, occupancy, which operands the generated code can stream), so the
+/// verified set, which a GPU then times, spans structures and main-kernel shapes as well as
 /// variants of the model's favourite (one attention kernel with each shape of its small
 /// combine kernel).
 fn check_order(cands: &[Candidate], spread: bool, m: &CostModel) -> Vec<usize> {

@@ -153,6 +153,21 @@ def test_block_ops(dtype, threads):
     check(_block_graph(dtype, threads), dtype)
 
 
+@pytest.mark.parametrize("length", [8, 64, 128, 256, 512])
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16])
+def test_register_row_norms(dtype, length):
+    # Loop-free norms kept in registers: short rows summed by lane shuffles, long ones by warps.
+    g = mi.new_kernel_graph()
+    rows = 4096 // length
+    X = g.new_input((4, rows, length), dtype=dtype)
+    tb = mi.new_threadblock_graph((4, 2, 1), (128, 1, 1), 1, 4)
+    tx = tb.new_input(X, (0, 1, -1), -1)
+    tb.new_output(tb.mul(tb.rms_norm(tx), tx), (0, 1, -1), -1)
+    for o in g.customized([X], tb):
+        g.mark_output(o)
+    check(g, dtype, scale=3.0)
+
+
 @pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16, mi.float32])
 def test_block_matmul_shapes(dtype):
     # Odd tile sizes (tensor-core padding) and batched tiles with a 3-axis grid.

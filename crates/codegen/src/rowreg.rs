@@ -3,10 +3,11 @@
 //!
 //! Thread `tid` owns the 8-element chunks `tid + k * NT` (`k < KC`) of every tile, loaded and
 //! stored 16 bytes at a time. Element-wise ops run on those registers. An RMS norm over the last
-//! dim (whose length is a multiple of 256, so a warp's chunks of one `k` lie in one row) sums
-//! squares per warp with shuffles, writes one partial per warp chunk to shared memory and, after
-//! one barrier, every thread adds its row's partials in a fixed order (no atomics: the result
-//! is deterministic). There is no other barrier and no tile in shared memory: the general
+//! dim sums squares with shuffles. Rows of a multiple of 256 (a warp's chunks of one `k` lie in
+//! one row) write one partial per warp chunk to shared memory and, after one barrier, every
+//! thread adds its row's partials in a fixed order (no atomics: the result is deterministic).
+//! Rows of 8 to 256 that divide 256 (a row is `len / 8` neighbouring lanes) are summed by those
+//! lanes' shuffles alone. There is no other barrier and no tile in shared memory: the general
 //! schedule (`block_kernel`) runs such a graph as a chain of passes over shared memory instead.
 
 use mirage_ugraph::{BlockGraph, BlockOpKind, STensorId};
@@ -45,6 +46,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             | BlockOpKind::Unary { .. }
             | BlockOpKind::Binary { .. } => {}
             BlockOpKind::RmsNorm if len.is_multiple_of(256) => norms += 1,
+            BlockOpKind::RmsNorm if 256 % len == 0 => {}
             _ => return Ok(None),
         }
     }
@@ -163,6 +165,21 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                 wl!(s, "  float {}[{}];", v(o), kc * 8);
                 wl!(s, "#pragma unroll");
                 wl!(s, "  for (int i = 0; i < {}; ++i) {}[i] = {e};", kc * 8, v(o));
+            }
+            BlockOpKind::RmsNorm if len < 256 => {
+                // A row is `len / 8` neighbouring lanes' chunks (NT * 8 is a multiple of 256).
+                let (x, o) = (op.inputs[0], op.outputs[0]);
+                wl!(s, "  float {}[{}]; // rms norm of {} over rows of {len}", v(o), kc * 8, v(x));
+                wl!(s, "#pragma unroll");
+                wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
+                wl!(s, "    float ss = 0.0f;");
+                wl!(s, "#pragma unroll");
+                wl!(s, "    for (int j = 0; j < 8; ++j) ss += {x}[k * 8 + j] * {x}[k * 8 + j];", x = v(x));
+                wl!(s, "    ss = mi::lanes_reduce<{}>(ss, [](float a, float b) {{ return a + b; }});", len / 8);
+                wl!(s, "    const float inv = 1.0f / sqrtf(ss / {});", flit(len as f32));
+                wl!(s, "#pragma unroll");
+                wl!(s, "    for (int j = 0; j < 8; ++j) {o}[k * 8 + j] = {x}[k * 8 + j] * inv;", o = v(o), x = v(x));
+                wl!(s, "  }}");
             }
             BlockOpKind::RmsNorm => {
                 let (x, o) = (op.inputs[0], op.outputs[0]);

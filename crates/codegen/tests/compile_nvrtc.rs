@@ -132,6 +132,38 @@ fn block_ops_compile() {
     compile_all("block ops", &g);
 }
 
+/// A loop-free block graph of an RMS norm and an element-wise op over rows of `len`: the
+/// register-row form (`rowreg`) for every row length it takes, and the general one beside it.
+fn row_norm_graph(len: usize, dt: DType) -> KernelGraph {
+    let rows = 4096 / len;
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[4, rows, len], dt, None).unwrap();
+    let mut tb = BlockGraph::new([4, 2, 1], [128, 1, 1], 1, 4).unwrap();
+    let tx = tb.new_input(&[4, rows, len], dt, [0, 1, -1], -1).unwrap();
+    let rn = tb.rms_norm(tx).unwrap();
+    let o = tb.binary(BinaryOp::Mul, rn, tx).unwrap();
+    tb.new_output(o, [0, 1, -1], -1).unwrap();
+    let outs = g.customized(&[x], tb).unwrap();
+    g.mark_output(outs[0], None).unwrap();
+    g
+}
+
+#[test]
+fn register_row_norms_compile() {
+    if !setup() {
+        return;
+    }
+    for len in [8, 64, 128, 256, 512] {
+        for dt in [DType::Float16, DType::Bfloat16] {
+            let g = row_norm_graph(len, dt);
+            let p = generate(&g, &Options::for_arch(90)).unwrap();
+            assert!(p.source.contains("tiles in registers"), "rows of {len}: not the register form");
+            assert_eq!(p.source.contains("mi::lanes_reduce<"), len < 256, "rows of {len}");
+            compile_all(&format!("row norm {len} {}", dt.name()), &g);
+        }
+    }
+}
+
 #[test]
 fn compile_error_returns_the_log() {
     if !setup() {

@@ -168,6 +168,30 @@ def test_register_row_norms(dtype, length):
     check(g, dtype, scale=3.0)
 
 
+@pytest.mark.parametrize(("splits", "threads"), [(8, 256), (8, 128), (16, 96), (64, 128)])
+@pytest.mark.parametrize("dtype", [mi.float16, mi.float32])
+def test_register_loop_combine(dtype, splits, threads):
+    # Split-KV attention's combine step, kept in registers across its loop over the slices.
+    g = mi.new_kernel_graph()
+    O = g.new_input((2, 256, 64 * splits), dtype=dtype)
+    L = g.new_input((2, 256, splits), dtype=dtype)
+    M = g.new_input((2, 256, splits), dtype=dtype)
+    tb = mi.new_threadblock_graph((2, 64, 1), (threads, 1, 1), splits, 4)
+    to, tl, tm = (tb.new_input(x, (0, 1, -1), 2) for x in (O, L, M))
+    mx, diff = tb.reduction_max(tm, 2)
+    e1, e2 = tb.exp(tb.sub(tm, mx)), tb.exp(diff)
+    ao = tb.forloop_accum_rescale(tb.mul(to, e1), e2, None)
+    al = tb.forloop_accum_rescale(tb.mul(tl, e1), e2, None)
+    tb.new_output(tb.div(ao, al), (0, 1, -1), -1)
+    for o in g.customized([O, L, M], tb):
+        g.mark_output(o)
+    gen = torch.Generator().manual_seed(splits)
+    o = torch.randn(2, 256, 64 * splits, generator=gen)
+    lse = torch.rand(2, 256, splits, generator=gen) + 0.5
+    m = torch.randn(2, 256, splits, generator=gen) * 8
+    check(g, dtype, inputs=[x.to(dtype.to_torch()) for x in (o, lse, m)])
+
+
 @pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16, mi.float32])
 def test_block_matmul_shapes(dtype):
     # Odd tile sizes (tensor-core padding) and batched tiles with a 3-axis grid.

@@ -102,6 +102,17 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #endif
 }
 
+// One 4-byte copy (global -> shared, through L1), asynchronous as cp_async16. Both addresses
+// 4-byte aligned.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<unsigned*>(smem) = *reinterpret_cast<const unsigned*>(gmem);
+#endif
+}
+
 // Closes the group of copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -159,6 +159,9 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     if let Some(e) = crate::rowreg::emit(name, bg, ins, outs)? {
         return Ok(e);
     }
+    if let Some(e) = crate::eltloop::emit(name, bg, ins, outs)? {
+        return Ok(e);
+    }
     let modes: &[FlashMode] = if arch == 90 {
         &[FlashMode::Wgmma, FlashMode::Mma, FlashMode::Off]
     } else {
@@ -1028,11 +1031,21 @@ impl Ctx<'_> {
         let mut s = String::new();
         wl!(s, "{{ // input {k} -> t{t}");
         wl!(s, "  const long long base = {base};");
-        let scalar = format!(
-            "for (int i = tid; i < {n}; i += NT) {dst}[{}] = in{k}[base + {}];",
-            l.index("i"),
-            Self::tile_elem_offset(tile, &dev.strides, "i")
-        );
+        // Element by element: fp32 values through 4-byte cp.async (a staged tile's copies then
+        // stay in flight like the vector ones; a plain load would stall its iteration).
+        let scalar = if dev.storage == Storage::F32 {
+            format!(
+                "for (int i = tid; i < {n}; i += NT) mi::cp_async4(&{dst}[{}], &in{k}[base + {}]);",
+                l.index("i"),
+                Self::tile_elem_offset(tile, &dev.strides, "i")
+            )
+        } else {
+            format!(
+                "for (int i = tid; i < {n}; i += NT) {dst}[{}] = in{k}[base + {}];",
+                l.index("i"),
+                Self::tile_elem_offset(tile, &dev.strides, "i")
+            )
+        };
         if l.vector {
             let vec = 16 / dev.storage.size_bytes();
             let chunks = n / vec;

@@ -25,6 +25,7 @@
 mod block_kernel;
 mod default_kernels;
 pub mod driver;
+mod eltloop;
 mod emit;
 pub mod error;
 pub mod exec;

@@ -1,0 +1,275 @@
+//! Register-resident element-wise loops: a block graph whose ops are all element-wise over one
+//! tile shape keeps every value in registers, across the loop too.
+//!
+//! The form: every tile has the shape of the largest one or broadcasts to it (dims of 1); the
+//! ops are inputs, unary and binary ops, sums and maxima over a dim of size 1, the running max
+//! (`reduction_max` in the loop) and element-wise loop accumulators (plain, rescaled, max);
+//! outputs are saved after the loop. Thread `tid` owns elements `tid + j * NT` of the largest
+//! tile and computes every value at those elements, a broadcast one included (the same value
+//! in every thread that needs it), so no value is shared: no shared memory and no barrier.
+//! The loop is unrolled, so that its device loads do not wait on its arithmetic.
+//!
+//! Split-KV attention's combine step is of this form (per row: the running max of the slices'
+//! maxima, their rescaled sums, one division). The general schedule (`block_kernel`) runs it
+//! as passes over shared memory with a barrier between them, which for tiles of a few hundred
+//! elements is a chain of barriers and latencies per iteration.
+
+use mirage_ugraph::{Accum, BlockGraph, BlockOpKind, Phase};
+
+use crate::block_kernel::{tile_base, wide, Emitted};
+use crate::emit::{binary_expr, coord, numel, offset, offset_wide, unary_expr, wl};
+use crate::error::Result;
+use crate::program::DevBuffer;
+
+/// Most elements of the largest tile a thread holds.
+const MAX_PER_THREAD: usize = 8;
+/// Longest loop that is unrolled whole.
+const MAX_UNROLL: usize = 32;
+
+/// Where an op runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sec {
+    Pre,
+    Loop,
+    Post,
+}
+
+/// The kernel `name` for `bg` in registers, or `None` when the graph is not of that form.
+pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBuffer]) -> Result<Option<Emitted>> {
+    let nt: usize = bg.block_dim.iter().product();
+    if nt == 0 || !nt.is_multiple_of(32) {
+        return Ok(None);
+    }
+    let Some(full) = bg.tensors.iter().max_by_key(|t| numel(&t.dims)).map(|t| t.dims.clone()) else {
+        return Ok(None);
+    };
+    let n = numel(&full);
+    let per = n.div_ceil(nt);
+    if per > MAX_PER_THREAD {
+        return Ok(None);
+    }
+    let fits = |d: &[usize]| d.len() == full.len() && d.iter().zip(&full).all(|(&a, &f)| a == f || a == 1);
+    if !bg.tensors.iter().all(|t| fits(&t.dims)) {
+        return Ok(None);
+    }
+    // The op kinds of the form, and where each runs.
+    let phase_sec = |t: usize| match bg.tensors[t].phase {
+        Phase::Invariant => Sec::Pre,
+        Phase::Loop => Sec::Loop,
+        Phase::Post => Sec::Post,
+    };
+    let mut secs = Vec::with_capacity(bg.ops.len());
+    for op in &bg.ops {
+        let unit = |dim: usize| bg.tensors[op.inputs[0]].dims[dim] == 1;
+        let sec = match op.kind {
+            BlockOpKind::Input { forloop_dim, .. } => {
+                if forloop_dim >= 0 {
+                    Sec::Loop
+                } else {
+                    Sec::Pre
+                }
+            }
+            BlockOpKind::Output { forloop_dim, .. } if forloop_dim < 0 => Sec::Post,
+            BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } => phase_sec(op.outputs[0]),
+            BlockOpKind::Reduction { dim } if unit(dim) => phase_sec(op.outputs[0]),
+            // The running max runs every iteration unless its operand is computed after the loop.
+            BlockOpKind::ReductionMax { dim } if unit(dim) => {
+                if phase_sec(op.inputs[0]) == Sec::Post {
+                    Sec::Post
+                } else {
+                    Sec::Loop
+                }
+            }
+            BlockOpKind::ForloopAccum { acc: Accum::None }
+            | BlockOpKind::ForloopAccumRescale { acc: Accum::None }
+            | BlockOpKind::ForloopAccumMax => Sec::Loop,
+            _ => return Ok(None),
+        };
+        secs.push(sec);
+    }
+
+    let mut params: Vec<String> = Vec::new();
+    for (k, b) in ins.iter().enumerate() {
+        params.push(format!("const {}* __restrict__ in{k}", b.storage.cty()));
+    }
+    for (j, b) in outs.iter().enumerate() {
+        params.push(format!("{}* __restrict__ out{j}", b.storage.cty()));
+    }
+    // Element offset in device tensor `dev` of the tile element that element `e` reads.
+    let dev_offset = |dims: &[usize], dev: &DevBuffer| -> String {
+        let max: usize = dims.iter().zip(&dev.strides).map(|(&d, &st)| (d - 1) * st).sum();
+        if wide(max) {
+            offset_wide(&full, "e", dims, &dev.strides)
+        } else {
+            offset(&full, "e", dims, &dev.strides)
+        }
+    };
+    let v = |t: usize| format!("v{t}[j]");
+
+    // The statements of each section, per element slot j (element e).
+    let mut body: [String; 3] = Default::default();
+    let (mut k_in, mut j_out) = (0, 0);
+    for (op, &sec) in bg.ops.iter().zip(&secs) {
+        let s = &mut body[sec as usize];
+        match op.kind {
+            BlockOpKind::Input { imap, forloop_dim, .. } => {
+                let (k, t) = (k_in, op.outputs[0]);
+                k_in += 1;
+                let dims = &bg.tensors[t].dims;
+                let it = (forloop_dim >= 0).then_some("it");
+                let base = tile_base(bg, imap, forloop_dim, dims, &ins[k].strides, it);
+                wl!(s, "{} = mi::to_f32(in{k}[{base} + {}]);", v(t), dev_offset(dims, &ins[k]));
+            }
+            BlockOpKind::Output { omap, forloop_dim } => {
+                let (j, t) = (j_out, op.inputs[0]);
+                j_out += 1;
+                let dims = &bg.tensors[t].dims;
+                let base = tile_base(bg, omap, forloop_dim, dims, &outs[j].strides, None);
+                // A broadcast tile is stored by the elements at coordinate 0 of its unit dims.
+                let firsts: Vec<String> = (0..full.len())
+                    .filter(|&d| dims[d] == 1 && full[d] > 1)
+                    .map(|d| format!("{} == 0", coord(&full, d, "e")))
+                    .collect();
+                let store = format!(
+                    "out{j}[{base} + {}] = mi::from_f32<{}>({});",
+                    dev_offset(dims, &outs[j]),
+                    outs[j].storage.cty(),
+                    v(t)
+                );
+                if firsts.is_empty() {
+                    wl!(s, "{store}");
+                } else {
+                    wl!(s, "if ({}) {store}", firsts.join(" && "));
+                }
+            }
+            BlockOpKind::Unary { op: ref u } => {
+                wl!(s, "{} = {};", v(op.outputs[0]), unary_expr(u, &v(op.inputs[0])));
+            }
+            BlockOpKind::Binary { op: b } => {
+                wl!(s, "{} = {};", v(op.outputs[0]), binary_expr(b, &v(op.inputs[0]), &v(op.inputs[1])));
+            }
+            BlockOpKind::Reduction { .. } => wl!(s, "{} = {};", v(op.outputs[0]), v(op.inputs[0])),
+            BlockOpKind::ReductionMax { .. } => {
+                let (x, m, d) = (v(op.inputs[0]), v(op.outputs[0]), v(op.outputs[1]));
+                if sec == Sec::Loop {
+                    wl!(s, "if (it == 0) {{ {m} = {x}; {d} = {x} - {x}; }}");
+                    wl!(s, "else {{ const float p = {m}; const float nm = fmaxf(p, {x}); {d} = p - nm; {m} = nm; }}");
+                } else {
+                    wl!(s, "{m} = {x}; {d} = {x} - {x};");
+                }
+            }
+            BlockOpKind::ForloopAccumMax => {
+                let (x, o) = (v(op.inputs[0]), v(op.outputs[0]));
+                wl!(s, "{o} = it == 0 ? {x} : fmaxf({o}, {x});");
+            }
+            BlockOpKind::ForloopAccumRescale { .. } => {
+                let (x, sc, o) = (v(op.inputs[0]), v(op.inputs[1]), v(op.outputs[0]));
+                wl!(s, "{o} = it == 0 ? {x} : {o} * {sc} + {x};");
+            }
+            BlockOpKind::ForloopAccum { .. } => {
+                let (x, o) = (v(op.inputs[0]), v(op.outputs[0]));
+                wl!(s, "{o} = it == 0 ? {x} : {o} + {x};");
+            }
+            _ => return Ok(None),
+        }
+    }
+
+    let mut s = String::new();
+    wl!(
+        s,
+        "// block graph: grid {:?}, block {:?}, forloop_range {}: element-wise in registers ({per} element(s) per thread)",
+        bg.grid_dim,
+        bg.block_dim,
+        bg.forloop_range
+    );
+    wl!(s, "extern \"C\" __global__ void __launch_bounds__({nt}) {name}({}) {{", params.join(", "));
+    wl!(s, "  constexpr int NT = {nt};");
+    wl!(s, "  const int tid = mi::lin_tid();");
+    wl!(s, "  (void)tid;");
+    for t in 0..bg.tensors.len() {
+        wl!(s, "  float v{t}[{per}];");
+    }
+    let guard = if n.is_multiple_of(nt) { String::new() } else { format!("if (e >= {n}u) continue; ") };
+    let slots = |s: &mut String, ind: &str, code: &str| {
+        if code.is_empty() {
+            return;
+        }
+        wl!(s, "{ind}#pragma unroll");
+        wl!(s, "{ind}for (int j = 0; j < {per}; ++j) {{");
+        wl!(s, "{ind}  const unsigned e = (unsigned)tid + (unsigned)j * {nt}u; {guard}(void)e;");
+        for l in code.lines() {
+            wl!(s, "{ind}  {l}");
+        }
+        wl!(s, "{ind}}}");
+    };
+    slots(&mut s, "  ", &body[Sec::Pre as usize]);
+    if !body[Sec::Loop as usize].is_empty() {
+        if bg.forloop_range <= MAX_UNROLL {
+            wl!(s, "#pragma unroll");
+        } else {
+            wl!(s, "#pragma unroll 8");
+        }
+        wl!(s, "  for (int it = 0; it < {}; ++it) {{", bg.forloop_range);
+        slots(&mut s, "    ", &body[Sec::Loop as usize]);
+        wl!(s, "  }}");
+    }
+    slots(&mut s, "  ", &body[Sec::Post as usize]);
+    wl!(s, "}}");
+    Ok(Some(Emitted { source: s, smem_bytes: 0 }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::{BufferRef, Storage};
+    use mirage_ugraph::{BinaryOp, DType, UnaryOp};
+
+    fn dev(dims: &[usize]) -> DevBuffer {
+        let strides = crate::emit::row_major(dims);
+        DevBuffer { dims: dims.to_vec(), strides, storage: Storage::F32, location: BufferRef::Input(0) }
+    }
+
+    /// The combine step over `splits` slices; with `matmul`, a loop matmul besides.
+    fn combine(splits: usize, matmul: bool) -> (BlockGraph, Vec<DevBuffer>) {
+        let dims = [vec![2, 256, 64 * splits], vec![2, 256, splits], vec![2, 256, splits]];
+        let mut tb = BlockGraph::new([2, 64, 1], [128, 1, 1], splits, 4).expect("grid");
+        let to = tb.new_input(&dims[0], DType::Float32, [0, 1, -1], 2).expect("o");
+        let tm = tb.new_input(&dims[1], DType::Float32, [0, 1, -1], 2).expect("m");
+        let (mx, diff) = tb.reduction_max(tm, 2).expect("max");
+        let d = tb.binary(BinaryOp::Sub, tm, mx).expect("sub");
+        let e1 = tb.unary(UnaryOp::Exp, d).expect("exp");
+        let e2 = tb.unary(UnaryOp::Exp, diff).expect("exp");
+        let mut po = tb.binary(BinaryOp::Mul, to, e1).expect("mul");
+        if matmul {
+            let t = tb.new_input(&dims[2], DType::Float32, [0, 1, -1], 2).expect("t");
+            let tt = tb.new_input(&[2, 1, 64 * splits], DType::Float32, [0, -1, -1], 2).expect("tt");
+            let p = tb.matmul(t, tt).expect("matmul");
+            po = tb.binary(BinaryOp::Add, po, p).expect("add");
+        }
+        let ao = tb.forloop_accum_rescale(po, e2, Accum::None).expect("acc");
+        tb.new_output(ao, [0, 1, -1], -1).expect("output");
+        let mut ins = vec![dev(&dims[0]), dev(&dims[1])];
+        if matmul {
+            ins.push(dev(&dims[2]));
+            ins.push(dev(&[2, 1, 64 * splits]));
+        }
+        (tb, ins)
+    }
+
+    #[test]
+    fn the_combine_step_runs_in_registers_without_barriers() {
+        let (bg, ins) = combine(8, false);
+        let e = emit("k", &bg, &ins, &[dev(&[2, 256, 64])]).expect("emits").expect("register form");
+        assert_eq!(e.smem_bytes, 0);
+        assert!(!e.source.contains("__syncthreads"));
+        // 4 x 64 elements per block over 128 threads: two per thread, the loop unrolled.
+        assert!(e.source.contains("float v0[2];"));
+        assert!(e.source.contains("#pragma unroll\n  for (int it = 0; it < 8; ++it)"));
+    }
+
+    #[test]
+    fn other_ops_take_the_general_schedule() {
+        let (bg, ins) = combine(8, true);
+        assert!(emit("k", &bg, &ins, &[dev(&[2, 256, 64])]).expect("emits").is_none());
+    }
+}

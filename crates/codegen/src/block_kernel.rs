@@ -1318,7 +1318,16 @@ impl Ctx<'_> {
                 Step::Load { k, op } => {
                     let t = bg.ops[op].outputs[0];
                     let mut b = self.load(k, op, t, None, &format!("t{t}"))?;
-                    b.push_str("mi::cp_async_commit();\nmi::cp_async_wait<0>();\n");
+                    b.push_str("mi::cp_async_commit();\n");
+                    // A tile first read in the loop is waited for there: the loop's first wait
+                    // covers every older copy group, so its copies overlap the prologue's.
+                    let read_before_loop = steps[pos + 1..]
+                        .iter()
+                        .zip(&step_rw[pos + 1..])
+                        .any(|((sec, _), (_, r))| *sec == Section::Pre && r.contains(&t));
+                    if staged.is_empty() || read_before_loop {
+                        b.push_str("mi::cp_async_wait<0>();\n");
+                    }
                     b
                 }
                 _ => self.step(*step, *sec)?,

@@ -166,48 +166,38 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                 wl!(s, "#pragma unroll");
                 wl!(s, "  for (int i = 0; i < {}; ++i) {}[i] = {e};", kc * 8, v(o));
             }
-            BlockOpKind::RmsNorm if len < 256 => {
-                // A row is `len / 8` neighbouring lanes' chunks (NT * 8 is a multiple of 256).
-                let (x, o) = (op.inputs[0], op.outputs[0]);
-                wl!(s, "  float {}[{}]; // rms norm of {} over rows of {len}", v(o), kc * 8, v(x));
-                wl!(s, "#pragma unroll");
-                wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
-                wl!(s, "    float ss = 0.0f;");
-                wl!(s, "#pragma unroll");
-                wl!(s, "    for (int j = 0; j < 8; ++j) ss += {x}[k * 8 + j] * {x}[k * 8 + j];", x = v(x));
-                wl!(s, "    ss = mi::lanes_reduce<{}>(ss, [](float a, float b) {{ return a + b; }});", len / 8);
-                wl!(s, "    const float inv = 1.0f / sqrtf(ss / {});", flit(len as f32));
-                wl!(s, "#pragma unroll");
-                wl!(s, "    for (int j = 0; j < 8; ++j) {o}[k * 8 + j] = {x}[k * 8 + j] * inv;", o = v(o), x = v(x));
-                wl!(s, "  }}");
-            }
             BlockOpKind::RmsNorm => {
-                let (x, o) = (op.inputs[0], op.outputs[0]);
-                let per_row = len / 256; // warp chunks per row
-                let nw = nt / 32;
-                wl!(s, "  float {}[{}]; // rms norm of {} over rows of {len}", v(o), kc * 8, v(x));
+                let (x, o) = (v(op.inputs[0]), v(op.outputs[0]));
+                wl!(s, "  float {o}[{}]; // rms norm of {x} over rows of {len}", kc * 8);
                 wl!(s, "#pragma unroll");
                 wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
                 wl!(s, "    float ss = 0.0f;");
                 wl!(s, "#pragma unroll");
-                wl!(s, "    for (int j = 0; j < 8; ++j) ss += {x}[k * 8 + j] * {x}[k * 8 + j];", x = v(x));
-                wl!(s, "    ss = mi::warp_sum(ss);");
-                wl!(s, "    if (lane == 0) mi_part[{norm}][k * {nw} + warp] = ss;");
-                wl!(s, "  }}");
-                wl!(s, "  __syncthreads();");
-                wl!(s, "#pragma unroll");
-                wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
-                wl!(s, "    const int row0 = ((k * {nw} + warp) / {per_row}) * {per_row};");
-                wl!(s, "    float ss = 0.0f;");
-                wl!(s, "#pragma unroll");
-                wl!(s, "    for (int p = 0; p < {per_row}; ++p) ss += mi_part[{norm}][row0 + p];");
+                wl!(s, "    for (int j = 0; j < 8; ++j) ss += {x}[k * 8 + j] * {x}[k * 8 + j];");
+                if len < 256 {
+                    // A row is `len / 8` neighbouring lanes' chunks (NT * 8 is a multiple of 256).
+                    wl!(s, "    ss = mi::lanes_reduce<{}>(ss, [](float a, float b) {{ return a + b; }});", len / 8);
+                } else {
+                    let per_row = len / 256; // warp chunks per row
+                    let nw = nt / 32;
+                    wl!(s, "    ss = mi::warp_sum(ss);");
+                    wl!(s, "    if (lane == 0) mi_part[{norm}][k * {nw} + warp] = ss;");
+                    wl!(s, "  }}");
+                    wl!(s, "  __syncthreads();");
+                    wl!(s, "#pragma unroll");
+                    wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
+                    wl!(s, "    const int row0 = ((k * {nw} + warp) / {per_row}) * {per_row};");
+                    wl!(s, "    float ss = 0.0f;");
+                    wl!(s, "#pragma unroll");
+                    wl!(s, "    for (int p = 0; p < {per_row}; ++p) ss += mi_part[{norm}][row0 + p];");
+                    norm += 1;
+                }
                 // x * (1 / rms): one division per row chunk instead of per element (within an
                 // ulp of x / rms).
                 wl!(s, "    const float inv = 1.0f / sqrtf(ss / {});", flit(len as f32));
                 wl!(s, "#pragma unroll");
-                wl!(s, "    for (int j = 0; j < 8; ++j) {o}[k * 8 + j] = {x}[k * 8 + j] * inv;", o = v(o), x = v(x));
+                wl!(s, "    for (int j = 0; j < 8; ++j) {o}[k * 8 + j] = {x}[k * 8 + j] * inv;");
                 wl!(s, "  }}");
-                norm += 1;
             }
             _ => return Ok(None),
         }

@@ -1,20 +1,19 @@
-//! Register-resident element-wise loops: a block graph whose ops are all element-wise over one
-//! tile shape keeps every value in registers, across the loop too.
+//! Register-resident element-wise loops: a block graph that is element-wise over one tile
+//! shape ([`BlockGraph::is_elementwise`]: inputs, unary and binary ops with broadcasting, sums
+//! and maxima over dims of size 1, the running max, plain / rescaled / max loop accumulators,
+//! outputs after the loop) keeps every value in registers, across the loop too.
 //!
-//! The form: every tile has the shape of the largest one or broadcasts to it (dims of 1); the
-//! ops are inputs, unary and binary ops, sums and maxima over a dim of size 1, the running max
-//! (`reduction_max` in the loop) and element-wise loop accumulators (plain, rescaled, max);
-//! outputs are saved after the loop. Thread `tid` owns elements `tid + j * NT` of the largest
-//! tile and computes every value at those elements, a broadcast one included (the same value
-//! in every thread that needs it), so no value is shared: no shared memory and no barrier.
-//! The loop is unrolled, so that its device loads do not wait on its arithmetic.
+//! Thread `tid` owns elements `tid + j * NT` of the largest tile and computes every value at
+//! those elements, a broadcast one included (the same value in every thread that needs it),
+//! so no value is shared: no shared memory and no barrier. The loop is unrolled, so that its
+//! device loads do not wait on its arithmetic.
 //!
 //! Split-KV attention's combine step is of this form (per row: the running max of the slices'
 //! maxima, their rescaled sums, one division). The general schedule (`block_kernel`) runs it
 //! as passes over shared memory with a barrier between them, which for tiles of a few hundred
 //! elements is a chain of barriers and latencies per iteration.
 
-use mirage_ugraph::{Accum, BlockGraph, BlockOpKind, Phase};
+use mirage_ugraph::{BlockGraph, BlockOpKind, Phase};
 
 use crate::block_kernel::{tile_base, wide, Emitted};
 use crate::emit::{binary_expr, coord, numel, offset, offset_wide, unary_expr, wl};
@@ -40,6 +39,9 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     if nt == 0 || !nt.is_multiple_of(32) {
         return Ok(None);
     }
+    if !bg.is_elementwise() {
+        return Ok(None);
+    }
     let Some(full) = bg.tensors.iter().max_by_key(|t| numel(&t.dims)).map(|t| t.dims.clone()) else {
         return Ok(None);
     };
@@ -48,11 +50,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     if per > MAX_PER_THREAD {
         return Ok(None);
     }
-    let fits = |d: &[usize]| d.len() == full.len() && d.iter().zip(&full).all(|(&a, &f)| a == f || a == 1);
-    if !bg.tensors.iter().all(|t| fits(&t.dims)) {
-        return Ok(None);
-    }
-    // The op kinds of the form, and where each runs.
+    // Where each op runs.
     let phase_sec = |t: usize| match bg.tensors[t].phase {
         Phase::Invariant => Sec::Pre,
         Phase::Loop => Sec::Loop,
@@ -60,7 +58,6 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     };
     let mut secs = Vec::with_capacity(bg.ops.len());
     for op in &bg.ops {
-        let unit = |dim: usize| bg.tensors[op.inputs[0]].dims[dim] == 1;
         let sec = match op.kind {
             BlockOpKind::Input { forloop_dim, .. } => {
                 if forloop_dim >= 0 {
@@ -69,19 +66,19 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                     Sec::Pre
                 }
             }
-            BlockOpKind::Output { forloop_dim, .. } if forloop_dim < 0 => Sec::Post,
+            BlockOpKind::Output { .. } => Sec::Post,
             BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } => phase_sec(op.outputs[0]),
-            BlockOpKind::Reduction { dim } if unit(dim) => phase_sec(op.outputs[0]),
+            BlockOpKind::Reduction { .. } => phase_sec(op.outputs[0]),
             // The running max runs every iteration unless its operand is computed after the loop.
-            BlockOpKind::ReductionMax { dim } if unit(dim) => {
+            BlockOpKind::ReductionMax { .. } => {
                 if phase_sec(op.inputs[0]) == Sec::Post {
                     Sec::Post
                 } else {
                     Sec::Loop
                 }
             }
-            BlockOpKind::ForloopAccum { acc: Accum::None }
-            | BlockOpKind::ForloopAccumRescale { acc: Accum::None }
+            BlockOpKind::ForloopAccum { .. }
+            | BlockOpKind::ForloopAccumRescale { .. }
             | BlockOpKind::ForloopAccumMax => Sec::Loop,
             _ => return Ok(None),
         };
@@ -222,7 +219,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
 mod tests {
     use super::*;
     use crate::program::{BufferRef, Storage};
-    use mirage_ugraph::{BinaryOp, DType, UnaryOp};
+    use mirage_ugraph::{Accum, BinaryOp, DType, UnaryOp};
 
     fn dev(dims: &[usize]) -> DevBuffer {
         let strides = crate::emit::row_major(dims);

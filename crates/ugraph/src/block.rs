@@ -244,6 +244,32 @@ impl BlockGraph {
         s
     }
 
+    /// Whether the graph is element-wise over one tile shape: every tile has the shape of
+    /// the largest one or broadcasts to it (dims of 1); the ops are inputs, unary and binary
+    /// ops, sums and maxima over a dim of size 1 (the running max in the loop), element-wise
+    /// loop accumulators (plain, rescaled, max) and outputs saved after the loop. Such a graph
+    /// needs no value of another element, so its kernel can keep every value in registers
+    /// (the code generator's register loop form; split-KV attention's combine step is one).
+    /// The one rule both the generator and the cost model follow.
+    pub fn is_elementwise(&self) -> bool {
+        let Some(full) = self.tensors.iter().map(|t| &t.dims).max_by_key(|d| d.iter().product::<usize>()) else {
+            return false;
+        };
+        let fits = |d: &[usize]| d.len() == full.len() && d.iter().zip(full).all(|(&a, &f)| a == f || a == 1);
+        self.tensors.iter().all(|t| fits(&t.dims))
+            && self.ops.iter().all(|op| {
+                let unit = |dim: usize| op.inputs.first().is_some_and(|&t| self.tensors[t].dims.get(dim) == Some(&1));
+                match op.kind {
+                    BlockOpKind::Input { .. } | BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } => true,
+                    BlockOpKind::Output { forloop_dim, .. } => forloop_dim < 0,
+                    BlockOpKind::Reduction { dim } | BlockOpKind::ReductionMax { dim } => unit(dim),
+                    BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => acc == Accum::None,
+                    BlockOpKind::ForloopAccumMax => true,
+                    _ => false,
+                }
+            })
+    }
+
     /// The tensor with this id.
     pub fn tensor(&self, id: STensorId) -> Result<&STensor> {
         self.tensors.get(id).ok_or_else(|| crate::Error::Invalid {

@@ -4,7 +4,11 @@
 //!   `__global__` per customized op (block-graph semantics of `mirage_ugraph::block`: input
 //!   iterators, tile ops, fp32 accumulators, post-loop ops, output savers) and default kernels
 //!   for predefined ops (matmul, element-wise with broadcasting, reduction, rms_norm with
-//!   weight, softmax); the runtime header (`runtime/mirage_runtime.cuh`) is inlined.
+//!   weight, softmax); the runtime header (`runtime/mirage_runtime.cuh`) is inlined. A
+//!   customized op takes the first kernel form that fits its block graph: register rows
+//!   (`rowreg`: loop-free element-wise ops and RMS norms), register loops (`eltloop`:
+//!   [`mirage_ugraph::BlockGraph::is_elementwise`] graphs, a split-KV combine step) or the
+//!   general shared-memory schedule (`block_kernel`, with `flash`'s attention region).
 //! * [`nvrtc::compile`] compiles a source to a CUBIN for an exact `sm_XX`, with an in-memory
 //!   and on-disk cache; a missing NVRTC is an error, never a panic.
 //! * [`Executable`] loads a program on a device and launches it on raw device pointers on a

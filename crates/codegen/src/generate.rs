@@ -57,7 +57,7 @@ fn plain_output(bg: &BlockGraph, k: usize) -> bool {
 /// Graph inputs and outputs keep their dtypes and layouts; intermediate tensors between
 /// kernels are stored in a workspace: in fp32 where they carry sums or `exp` values (fp32
 /// accumulation end to end, and no overflow of partial sums such as `exp` sums), in their
-/// declared dtype where they are plain values ([`plain_output`]). Ops no output depends on
+/// declared dtype where they are plain values (`plain_output`). Ops no output depends on
 /// are skipped.
 pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
     let g = g.revalidate()?;

@@ -97,7 +97,10 @@ pub struct SearchConfig {
     pub expression_pruning: bool,
     /// Limits of the e-graph saturation.
     pub saturation: SaturationLimits,
-    /// Stop after this long and return the best found so far.
+    /// Stop generating after this long and return the best found so far. What was found is
+    /// still verified: a few candidates at a time (one per thread) and, once half the budget
+    /// again has passed, only until one passes (one verification of a large graph can take
+    /// a tenth of a second).
     pub time_budget: Option<Duration>,
     /// Set to `true` from anywhere to stop the search (best-so-far is returned).
     pub cancel: Option<Arc<AtomicBool>>,

@@ -99,6 +99,13 @@ impl Control {
         self.stopped.store(true, Relaxed);
     }
 
+    /// Whether the time budget is spent with its grace: half the budget again, for checking
+    /// what the search found (verification then goes a few candidates at a time and stops at
+    /// the first that passes).
+    pub fn past_grace(&self) -> bool {
+        self.budget.is_some_and(|b| self.start.elapsed() >= b + b / 2)
+    }
+
     /// Why the search stopped early, if it did.
     pub fn reason(&self) -> Option<StopReason> {
         match self.reason.load(Relaxed) {

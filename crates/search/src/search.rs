@@ -535,9 +535,13 @@ fn stabilize_online_softmax(
     if ctl.cancelled() {
         return 0;
     }
-    let todo: Vec<usize> = (0..cands.len())
+    let mut todo: Vec<usize> = (0..cands.len())
         .filter(|&i| matches!(cands[i].verification, Verification::Unstable(_)) && has_exp(&cands[i].graph))
         .collect();
+    // Past the time budget's grace: the cheapest few only (the candidates are in cost order).
+    if ctl.past_grace() {
+        todo.truncate(rayon::current_num_threads());
+    }
     let rewritten: Vec<Option<Candidate>> = todo
         .par_iter()
         .map(|&i| {
@@ -725,7 +729,14 @@ fn verify_all(
     let order = check_order(cands, cfg.verify.spread, &cfg.cost_model);
     let (mut passed, mut failed, mut next) = (0, 0, 0);
     while passed < want && next < order.len() && next < 4 * want.max(1) && !ctl.cancelled() {
-        let end = (next + (want - passed)).min(order.len());
+        // When the time budget cut the search, a batch per thread; past the budget's grace,
+        // only until one passes.
+        if passed > 0 && ctl.past_grace() {
+            break;
+        }
+        let cut = ctl.reason() == Some(StopReason::TimeBudget);
+        let batch = if cut { rayon::current_num_threads().min(want - passed) } else { want - passed };
+        let end = (next + batch).min(order.len());
         let idx = &order[next..end];
         let results: Vec<Verification> =
             idx.par_iter().map(|&i| verify_candidate(reference, &cands[i].graph, &cfg.verify)).collect();

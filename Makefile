@@ -50,6 +50,7 @@ lint: $(VENV_STAMP)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check $(PY_DIRS)
+	$(VENV)/bin/ruff format --check $(PY_DIRS)
 
 test: lint develop
 	cargo test --workspace --release

@@ -102,7 +102,10 @@ UNARY = {
     "silu": (lambda tb, t: tb.silu(t), silu),
     "gelu": (lambda tb, t: tb.gelu(t), lambda x: 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))),
     "relu": (lambda tb, t: tb.relu(t), lambda x: np.maximum(x, 0.0)),
-    "clamp": (lambda tb, t: tb.clamp(t, min_val=-0.3, max_val=0.6), lambda x: np.clip(x, -0.3, 0.6)),
+    "clamp": (
+        lambda tb, t: tb.clamp(t, min_val=-0.3, max_val=0.6),
+        lambda x: np.clip(x, -0.3, 0.6),
+    ),
     "square": (lambda tb, t: tb.square(t), np.square),
     "sqrt": (lambda tb, t: tb.sqrt(t), np.sqrt),
     "mul_scalar": (lambda tb, t: tb.mul_scalar(t, 0.37), lambda x: x * 0.37),
@@ -116,8 +119,9 @@ def test_unary_on_tiles(rng, name):
     grid, imap, omap = (2, 3, 1), (0, 1, -1), (0, 1, -1)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(6, 30), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=2,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=2, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=1)
     assert tuple(tx.dims) == (3, 5)
     ty = op(tb, tx)
@@ -179,8 +183,9 @@ def test_binary_on_tiles(rng, name, layout):
     g = mi.new_kernel_graph()
     A = g.new_input(dims=(6, 30), dtype=F32)
     B = g.new_input(dims=b_dims, dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=2,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=2, reduction_dimx=64
+    )
     ta = tb.new_input(A, input_map=a_imap, forloop_dim=1)
     tbb = tb.new_input(B, input_map=b_imap, forloop_dim=b_fdim)
     tc = op(tb, tbb, ta) if b_first else op(tb, ta, tbb)
@@ -208,8 +213,9 @@ def test_matmul_two_axis_grid(rng):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(8, 48), dtype=F32)
     W = g.new_input(dims=(48, 20), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 2, 1), block_dim=(128, 1, 1), forloop_range=4,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 2, 1), block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=1)
     tw = tb.new_input(W, input_map=(-1, 1, -1), forloop_dim=0)
     assert (tuple(tx.dims), tuple(tw.dims)) == ((4, 12), (12, 10))
@@ -229,8 +235,9 @@ def test_matmul_grid_axes_swapped(rng):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(9, 16), dtype=F32)
     W = g.new_input(dims=(16, 12), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(4, 3, 1), block_dim=(128, 1, 1), forloop_range=2,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(4, 3, 1), block_dim=(128, 1, 1), forloop_range=2, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(-1, 0, -1), forloop_dim=1)
     tw = tb.new_input(W, input_map=(1, -1, -1), forloop_dim=0)
     tb.new_output(tb.forloop_accum(tb.matmul(tx, tw)), output_map=(1, 0, -1))
@@ -245,8 +252,9 @@ def test_batched_matmul_tiles(rng):
     g = mi.new_kernel_graph()
     Q = g.new_input(dims=(4, 6, 16), dtype=F32)
     K = g.new_input(dims=(4, 16, 10), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=2,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=2, reduction_dimx=64
+    )
     tq = tb.new_input(Q, input_map=(0, -1, -1), forloop_dim=2)
     tk = tb.new_input(K, input_map=(0, -1, -1), forloop_dim=1)
     assert (tuple(tq.dims), tuple(tk.dims)) == ((1, 6, 8), (1, 8, 10))
@@ -264,8 +272,9 @@ def test_matmul_loop_invariant_operand(rng):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(12, 8), dtype=F32)
     W = g.new_input(dims=(8, 5), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=3,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=3, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=0)
     tw = tb.new_input(W, input_map=(-1, -1, -1), forloop_dim=-1)
     tb.new_output(tb.matmul(tx, tw), output_map=(0, -1, -1), forloop_dim=0)
@@ -286,8 +295,9 @@ def test_reduction_in_loop(rng, dim):
     grid, imap = (2, 1, 1), (1, -1, -1)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 6, 24), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=2)
     assert tuple(tx.dims) == (4, 3, 8)
     tr = tb.reduction(tx, dim)
@@ -300,8 +310,9 @@ def test_reduction_in_loop(rng, dim):
     (out,) = run(g, x)
 
     m = Blocks(grid, 3)
-    tiles = {c: sum(t.sum(axis=dim, keepdims=True) for t in m.tiles(x, c, imap, 2))
-             for c in m.coords()}
+    tiles = {
+        c: sum(t.sum(axis=dim, keepdims=True) for t in m.tiles(x, c, imap, 2)) for c in m.coords()
+    }
     assert_close(out, m.gather(tiles, imap))
 
 
@@ -311,8 +322,9 @@ def test_reduction_after_loop(rng, dim):
     grid, imap = (2, 1, 1), (0, -1, -1)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(6, 20), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=4,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=1)
     tb.new_output(tb.reduction(tb.forloop_accum(tx), dim), output_map=imap)
     (Y,) = g.customized([X], tb)
@@ -329,8 +341,9 @@ def test_rms_norm_in_loop_and_after(rng):
     grid, imap = (2, 1, 1), (0, -1, -1)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 3, 30), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=2)
     tn = tb.rms_norm(tx)
     assert tuple(tn.dims) == (2, 3, 10)
@@ -363,8 +376,9 @@ def test_concat_in_loop(rng, a_dims, b_dims, imap, cat_dim, fdim, frange):
     g = mi.new_kernel_graph()
     A = g.new_input(dims=a_dims, dtype=F32)
     B = g.new_input(dims=b_dims, dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=frange,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=frange, reduction_dimx=64
+    )
     ta = tb.new_input(A, input_map=imap, forloop_dim=fdim)
     tbb = tb.new_input(B, input_map=imap, forloop_dim=fdim)
     tc = tb.concat(ta, tbb, cat_dim)
@@ -375,9 +389,13 @@ def test_concat_in_loop(rng, a_dims, b_dims, imap, cat_dim, fdim, frange):
     (out,) = run(g, a, b)
 
     m = Blocks(grid, frange)
-    tiles = {c: sum(np.concatenate([ta_, tb_], axis=cat_dim) for ta_, tb_ in
-                    zip(m.tiles(a, c, imap, fdim), m.tiles(b, c, imap, fdim)))
-             for c in m.coords()}
+    tiles = {
+        c: sum(
+            np.concatenate([ta_, tb_], axis=cat_dim)
+            for ta_, tb_ in zip(m.tiles(a, c, imap, fdim), m.tiles(b, c, imap, fdim))
+        )
+        for c in m.coords()
+    }
     assert_close(out, m.gather(tiles, imap))
 
 
@@ -387,8 +405,9 @@ def test_concat_loop_tile_with_invariant_tile_and_after_loop(rng):
     g = mi.new_kernel_graph()
     A = g.new_input(dims=(4, 12), dtype=F32)
     B = g.new_input(dims=(4, 3), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3, reduction_dimx=64
+    )
     ta = tb.new_input(A, input_map=imap, forloop_dim=1)
     tbb = tb.new_input(B, input_map=imap, forloop_dim=-1)
     acc = tb.forloop_accum(tb.concat(ta, tbb, 1))  # (2, 4 + 3)
@@ -401,9 +420,13 @@ def test_concat_loop_tile_with_invariant_tile_and_after_loop(rng):
     out_y, out_z = run(g, a, b)
 
     m = Blocks(grid, 3)
-    acc_ref = {c: sum(np.concatenate([ta_, tb_], axis=1) for ta_, tb_ in
-                      zip(m.tiles(a, c, imap, 1), m.tiles(b, c, imap, -1)))
-               for c in m.coords()}
+    acc_ref = {
+        c: sum(
+            np.concatenate([ta_, tb_], axis=1)
+            for ta_, tb_ in zip(m.tiles(a, c, imap, 1), m.tiles(b, c, imap, -1))
+        )
+        for c in m.coords()
+    }
     assert_close(out_y, m.gather(acc_ref, imap))
     z_ref = {c: np.concatenate([m.part(b, c, imap), acc_ref[c]], axis=1) for c in m.coords()}
     assert_close(out_z, m.gather(z_ref, imap))
@@ -446,8 +469,9 @@ def test_forloop_accum(rng, case, acc):
     x = randn(rng, *dims)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=dims, dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=frange,
-                                  reduction_dimx=dimx)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=frange, reduction_dimx=dimx
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=fdim)
     ta = tb.forloop_accum(tx, acc)
     tb.new_output(ta, output_map=imap)
@@ -468,8 +492,9 @@ def test_forloop_accum_of_invariant_tile(rng, acc):
     grid, imap = (2, 1, 1), (0, -1, -1)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 12), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3,
-                                  reduction_dimx=4)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3, reduction_dimx=4
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=-1)
     tb.new_output(tb.forloop_accum(tx, acc), output_map=imap)
     (Y,) = g.customized([X], tb)
@@ -486,8 +511,9 @@ def test_rms_accumulator_normalises_like_rms_norm(rng):
     x = randn(rng, 4, 64)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 64), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=1,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=1, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=1)
     tx2 = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=-1)
     tb.new_output(tb.div(tx2, tb.forloop_accum(tx, "rms")), output_map=(0, -1, -1))
@@ -505,8 +531,9 @@ def test_forloop_accum_max(rng, fdim):
     grid, imap = (2, 1, 1), (0, -1, -1)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(8, 24), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=4,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=fdim)
     tb.new_output(tb.forloop_accum_max(tb.mul_scalar(tx, 2.0)), output_map=imap)
     (Y,) = g.customized([X], tb)
@@ -526,8 +553,9 @@ def test_forloop_accum_rescale(rng, acc):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 24), dtype=F32)
     S = g.new_input(dims=(4, 4), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=4,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=1)  # (2, 6)
     ts = tb.new_input(S, input_map=imap, forloop_dim=1)  # (2, 1)
     ta = tb.forloop_accum_rescale(tx, ts, acc)
@@ -557,8 +585,9 @@ def test_reduction_max_running_max_and_diff(rng, dim):
     grid, imap = (2, 1, 1), (0, -1, -1)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(8, 24), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=4,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=1)  # (4, 6)
     tm, td = tb.reduction_max(tx, dim)
     assert tuple(tm.dims) == tuple(td.dims) == ((1, 6) if dim == 0 else (4, 1))
@@ -608,8 +637,9 @@ def test_online_softmax_attention(rng, logits):
     Q = g.new_input(dims=(b, m_, d), dtype=F32)
     K = g.new_input(dims=(b, d, n), dtype=F32)
     V = g.new_input(dims=(b, n, d), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(b, 1, 1), block_dim=(128, 1, 1),
-                                  forloop_range=frange, reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(b, 1, 1), block_dim=(128, 1, 1), forloop_range=frange, reduction_dimx=64
+    )
     tq = tb.new_input(Q, input_map=(0, -1, -1), forloop_dim=-1)
     tk = tb.new_input(K, input_map=(0, -1, -1), forloop_dim=2)
     tv = tb.new_input(V, input_map=(0, -1, -1), forloop_dim=1)
@@ -640,8 +670,9 @@ def test_output_saves_every_iteration(rng, out_fdim):
     grid, imap = (2, 1, 1), (0, -1, -1)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 24), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=1)  # (2, 8)
     tb.new_output(tb.exp(tx), output_map=imap, forloop_dim=out_fdim)
     (Y,) = g.customized([X], tb)
@@ -650,8 +681,10 @@ def test_output_saves_every_iteration(rng, out_fdim):
     (out,) = run(g, x)
 
     m = Blocks(grid, 3)
-    tiles = {c: np.concatenate([np.exp(t) for t in m.tiles(x, c, imap, 1)], axis=out_fdim)
-             for c in m.coords()}
+    tiles = {
+        c: np.concatenate([np.exp(t) for t in m.tiles(x, c, imap, 1)], axis=out_fdim)
+        for c in m.coords()
+    }
     ref = m.gather(tiles, imap)
     if out_fdim == 1:
         assert_close(ref, np.exp(as_f64(x)))  # the model itself: tiles land where they came from
@@ -662,8 +695,9 @@ def test_output_saves_invariant_tile_every_iteration(rng):
     x = randn(rng, 4, 5)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 5), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=3,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=3, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=-1)
     tb.new_output(tb.relu(tx), output_map=(0, -1, -1), forloop_dim=1)
     (Y,) = g.customized([X], tb)
@@ -678,8 +712,9 @@ def test_three_axis_grid_with_permuted_output_map(rng):
     grid, imap, omap = (2, 3, 2), (0, 1, 2), (2, 0, 1)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 6, 20), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=2,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=2, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=imap, forloop_dim=2)
     assert tuple(tx.dims) == (2, 2, 5)
     tb.new_output(tb.forloop_accum(tb.square(tx)), output_map=omap)
@@ -700,8 +735,9 @@ def test_three_axis_grid_matmul(rng):
     g = mi.new_kernel_graph()
     A = g.new_input(dims=(2, 6, 32), dtype=F32)
     B = g.new_input(dims=(2, 32, 8), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(64, 2, 1), forloop_range=4,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(64, 2, 1), forloop_range=4, reduction_dimx=64
+    )
     ta = tb.new_input(A, input_map=(-1, 1, 0), forloop_dim=2)  # (1, 2, 8)
     tbb = tb.new_input(B, input_map=(2, -1, 0), forloop_dim=1)  # (1, 8, 2)
     tb.new_output(tb.forloop_accum(tb.matmul(ta, tbb)), output_map=(2, 1, 0))
@@ -717,8 +753,9 @@ def test_replicated_input_duplicates_output(rng):
     x = randn(rng, 4, 6)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 6), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(1, 2, 1), block_dim=(128, 1, 1), forloop_range=1,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(1, 2, 1), block_dim=(128, 1, 1), forloop_range=1, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(-1, -1, -1), forloop_dim=-1)
     assert tuple(tx.dims) == (4, 6)
     tb.new_output(tb.exp(tx), output_map=(-1, 0, -1))
@@ -734,8 +771,9 @@ def test_input_map_of_unit_grid_axes_is_ignored(rng):
     x = randn(rng, 4, 6)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 6), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=2,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=2, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(0, 5, 1), forloop_dim=1)
     assert tuple(tx.dims) == (2, 3)
     tb.new_output(tb.forloop_accum(tx), output_map=(0, 7, 1))
@@ -758,8 +796,9 @@ def test_invariant_and_post_loop_ops(rng):
     A = g.new_input(dims=(4, 30), dtype=F32)
     B = g.new_input(dims=(4, 1), dtype=F32)
     C = g.new_input(dims=(1, 10), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=grid, block_dim=(128, 1, 1), forloop_range=3, reduction_dimx=64
+    )
     ta = tb.new_input(A, input_map=imap, forloop_dim=1)  # (2, 10)
     tbb = tb.new_input(B, input_map=imap, forloop_dim=-1)  # (2, 1)
     tc = tb.new_input(C, input_map=(-1, -1, -1), forloop_dim=-1)  # (1, 10)
@@ -777,8 +816,9 @@ def test_outputs_in_declaration_order(rng):
     x = randn(rng, 4, 16)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 16), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=2,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=2, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=1)
     tb.new_output(tb.forloop_accum(tx, "sum"), output_map=(0, -1, -1))
     tb.new_output(tb.forloop_accum(tx), output_map=(0, -1, -1))
@@ -797,8 +837,9 @@ def test_customized_output_feeds_kernel_ops(rng):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 32), dtype=F32)
     W = g.new_input(dims=(32, 6), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=4,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(-1, -1, -1), forloop_dim=1)
     tw = tb.new_input(W, input_map=(1, -1, -1), forloop_dim=0)
     tb.new_output(tb.forloop_accum(tb.matmul(tx, tw)), output_map=(1, -1, -1))
@@ -817,8 +858,9 @@ def test_half_precision_customized(rng, mi_dtype):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 32), dtype=mi_dtype)
     W = g.new_input(dims=(32, 8), dtype=mi_dtype)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=4,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(-1, -1, -1), forloop_dim=1)
     tw = tb.new_input(W, input_map=(1, -1, -1), forloop_dim=0)
     tb.new_output(tb.forloop_accum(tb.matmul(tx, tw)), output_map=(1, -1, -1))
@@ -838,8 +880,9 @@ def test_only_one_output_of_several_is_used(rng, marked):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 16), dtype=F32)
     W = g.new_input(dims=(16, 6), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=4,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=1)  # (2, 4)
     tw = tb.new_input(W, input_map=(-1, -1, -1), forloop_dim=0)  # (4, 6)
     tb.new_output(tb.forloop_accum(tb.matmul(tx, tw)), output_map=(0, -1, -1))
@@ -861,8 +904,9 @@ def test_one_accumulator_saved_with_two_output_maps(rng):
     x = randn(rng, 8, 12)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(8, 12), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=3,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=3, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=1)  # (4, 4)
     acc = tb.forloop_accum(tx)
     tb.new_output(acc, output_map=(0, -1, -1))
@@ -883,8 +927,9 @@ def test_reduction_max_after_the_loop(rng):
     x = randn(rng, 4, 12)
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 12), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=2,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=2, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=1)  # (2, 6)
     m, d = tb.reduction_max(tb.forloop_accum(tx), 1)
     tb.new_output(m, output_map=(0, -1, -1))
@@ -903,8 +948,9 @@ def test_invariant_op_used_in_and_after_the_loop(rng):
     g = mi.new_kernel_graph()
     A = g.new_input(dims=(4, 12), dtype=F32)
     B = g.new_input(dims=(4, 3), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=4,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     ta = tb.new_input(A, input_map=(0, -1, -1), forloop_dim=1)  # (2, 3)
     tbb = tb.new_input(B, input_map=(0, -1, -1), forloop_dim=-1)  # (2, 3)
     e = tb.exp(tbb)
@@ -924,8 +970,9 @@ def test_rescale_with_invariant_scale(rng):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 12), dtype=F32)
     S = g.new_input(dims=(4, 1), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=3,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=3, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(-1, -1, -1), forloop_dim=1)  # (4, 4)
     ts = tb.new_input(S, input_map=(-1, -1, -1), forloop_dim=-1)  # (4, 1)
     tb.new_output(tb.forloop_accum_rescale(tx, ts), output_map=(-1, -1, -1))
@@ -938,8 +985,9 @@ def test_rescale_with_invariant_scale(rng):
 
 def test_one_threadblock_graph_used_twice(rng):
     x1, x2 = randn(rng, 4, 8), randn(rng, 4, 8)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=2,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=2, reduction_dimx=64
+    )
     g = mi.new_kernel_graph()
     X1 = g.new_input(dims=(4, 8), dtype=F32)
     X2 = g.new_input(dims=(4, 8), dtype=F32)
@@ -962,8 +1010,9 @@ def test_unused_threadblock_input(rng):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 8), dtype=F32)
     W = g.new_input(dims=(8, 8), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=2,
-                                  reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 1, 1), block_dim=(128, 1, 1), forloop_range=2, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=1)
     tb.new_input(W, input_map=(-1, -1, -1), forloop_dim=-1)  # never used
     tb.new_output(tb.forloop_accum(tx), output_map=(0, -1, -1))

@@ -32,8 +32,12 @@ def new_graph(*shapes, dtype=F32):
 
 
 def new_tb(grid_dim=(2, 1, 1), forloop_range=2, reduction_dimx=64):
-    return mi.new_threadblock_graph(grid_dim=grid_dim, block_dim=(128, 1, 1),
-                                    forloop_range=forloop_range, reduction_dimx=reduction_dimx)
+    return mi.new_threadblock_graph(
+        grid_dim=grid_dim,
+        block_dim=(128, 1, 1),
+        forloop_range=forloop_range,
+        reduction_dimx=reduction_dimx,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,7 +459,9 @@ def test_call_with_wrong_numpy_dtype():
         g(inputs=[np.zeros((5, 13)), np.zeros((13, 3), dtype=np.float32)])
 
 
-@pytest.mark.parametrize("bad", ["abc", None, 3.0, object()], ids=["str", "None", "float", "object"])
+@pytest.mark.parametrize(
+    "bad", ["abc", None, 3.0, object()], ids=["str", "None", "float", "object"]
+)
 def test_call_with_non_tensor_input(bad):
     g = two_input_graph()
     with pytest.raises(TypeError):

@@ -46,8 +46,11 @@ UNARY = {
     "relu": (lambda g, x: g.relu(x), lambda x: np.maximum(x, 0.0), normal),
     "sqrt": (lambda g, x: g.sqrt(x), np.sqrt, positive),
     "square": (lambda g, x: g.square(x), np.square, normal),
-    "clamp": (lambda g, x: g.clamp(x, min_val=-0.5, max_val=0.75), lambda x: np.clip(x, -0.5, 0.75),
-              normal),
+    "clamp": (
+        lambda g, x: g.clamp(x, min_val=-0.5, max_val=0.75),
+        lambda x: np.clip(x, -0.5, 0.75),
+        normal,
+    ),
 }
 
 UNARY_SHAPES = [(7,), (5, 7), (3, 5, 7), (2, 3, 4, 5)]
@@ -167,7 +170,14 @@ def test_reduction(rng, shape, dim):
 
 @pytest.mark.parametrize(
     "shape, ndims",
-    [((16, 64), 1), ((3, 5, 7), 1), ((3, 5, 7), 2), ((2, 3, 4, 5), 2), ((2, 3, 4, 5), 3), ((9,), 1)],
+    [
+        ((16, 64), 1),
+        ((3, 5, 7), 1),
+        ((3, 5, 7), 2),
+        ((2, 3, 4, 5), 2),
+        ((2, 3, 4, 5), 3),
+        ((9,), 1),
+    ],
     ids=str,
 )
 @pytest.mark.parametrize("with_weight", [False, True], ids=["no_weight", "weight"])
@@ -203,7 +213,8 @@ def test_rms_norm_has_no_eps(rng):
 
 @pytest.mark.parametrize(
     "shape, dim",
-    [((9,), 0), ((4, 6), 0), ((4, 6), -1)] + [((3, 5, 7), d) for d in (0, 1, 2, -1)]
+    [((9,), 0), ((4, 6), 0), ((4, 6), -1)]
+    + [((3, 5, 7), d) for d in (0, 1, 2, -1)]
     + [((2, 3, 4, 5), 1)],
     ids=str,
 )

@@ -28,8 +28,12 @@ def every_kernel_op(rng, dtype=F32):
     g.mark_output(g.matmul(H, W), strides=(1, 4))
     g.mark_output(g.softmax(g.reduction(H, 0), dim=1))
     g.mark_output(g.rms_norm(g.reduction(P, 1), normalized_shape=(4, 1)))
-    inputs = [randn(rng, 4, 6), uniform(rng, 0.5, 2.0, 4, 6), randn(rng, 6, 3),
-              uniform(rng, 0.5, 1.5, 6)]
+    inputs = [
+        randn(rng, 4, 6),
+        uniform(rng, 0.5, 2.0, 4, 6),
+        randn(rng, 6, 3),
+        uniform(rng, 0.5, 1.5, 6),
+    ]
     if dtype == mi.float16:
         inputs = [x.astype(np.float16) for x in inputs]
     return g, inputs, None
@@ -40,8 +44,9 @@ def every_block_op(rng):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(4, 6, 24), dtype=F32)
     S = g.new_input(dims=(4, 6, 1), dtype=F32)
-    tb = mi.new_threadblock_graph(grid_dim=(2, 3, 1), block_dim=(64, 2, 1), forloop_range=2,
-                                  reduction_dimx=3)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(2, 3, 1), block_dim=(64, 2, 1), forloop_range=2, reduction_dimx=3
+    )
     tx = tb.new_input(X, input_map=(0, 1, -1), forloop_dim=2)  # (2, 2, 12)
     ts = tb.new_input(S, input_map=(0, 1, -1), forloop_dim=-1)  # (2, 2, 1)
     h = tb.gelu(tb.relu(tb.clamp(tx, -1.0, 1.5)))
@@ -55,8 +60,9 @@ def every_block_op(rng):
     tb.new_output(tb.forloop_accum_rescale(h, tb.exp(d), "sum"), output_map=(0, 1, -1))
     g.customized([X, S], tb)
 
-    tb2 = mi.new_threadblock_graph(grid_dim=(2, 3, 2), block_dim=(128, 1, 1), forloop_range=1,
-                                   reduction_dimx=64)
+    tb2 = mi.new_threadblock_graph(
+        grid_dim=(2, 3, 2), block_dim=(128, 1, 1), forloop_range=1, reduction_dimx=64
+    )
     t2 = tb2.new_input(X, input_map=(0, 1, 2), forloop_dim=-1)
     tb2.new_output(tb2.concat(t2, tb2.exp(t2), 2), output_map=(2, 0, 1))
     g.customized([X], tb2)
@@ -129,12 +135,24 @@ def test_round_trip_keeps_dtypes_and_dims(rng):
 def variants():
     """Graphs that differ from the base in one detail each."""
 
-    def build(dims=(8, 12), op="exp", imap=(0, -1, -1), frange=2, acc=None, bound=1.0,
-              grid=(2, 1, 1), out_strides=None, dtype=F32, scalar=0.5, in_strides=None):
+    def build(
+        dims=(8, 12),
+        op="exp",
+        imap=(0, -1, -1),
+        frange=2,
+        acc=None,
+        bound=1.0,
+        grid=(2, 1, 1),
+        out_strides=None,
+        dtype=F32,
+        scalar=0.5,
+        in_strides=None,
+    ):
         g = mi.new_kernel_graph()
         X = g.new_input(dims=dims, dtype=dtype, strides=in_strides)
-        tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(128, 1, 1), forloop_range=frange,
-                                      reduction_dimx=2)
+        tb = mi.new_threadblock_graph(
+            grid_dim=grid, block_dim=(128, 1, 1), forloop_range=frange, reduction_dimx=2
+        )
         tx = tb.new_input(X, input_map=imap, forloop_dim=1)
         t = tb.clamp(tb.mul_scalar(getattr(tb, op)(tx), scalar), -bound, bound)
         tb.new_output(tb.forloop_accum(t, acc), output_map=imap)
@@ -169,8 +187,14 @@ def test_hash_is_stable_across_processes(rng):
     """Hashes name cache files: they must not depend on the process (no random seeding)."""
     g, _, _ = GRAPHS["every_block_op"](rng)
     code = "import sys, mirage as mi; print(mi.from_json(sys.stdin.read()).hash())"
-    res = subprocess.run([sys.executable, "-c", code], input=g.to_json(), capture_output=True,
-                         text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "123"})
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        input=g.to_json(),
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
+    )
     assert res.stdout.strip() == g.hash()
 
 
@@ -199,8 +223,24 @@ def test_visualize_kernel_graph(rng, tmp_path):
     g, _, _ = every_kernel_op(rng)
     text = read_dot(g.visualize(str(tmp_path / "kernel")))
     assert "digraph" in text
-    for name in ["matmul", "exp", "silu", "gelu", "relu", "sqrt", "square", "clamp", "add", "mul",
-                 "div", "sub", "pow", "reduction", "rms_norm", "softmax"]:
+    for name in [
+        "matmul",
+        "exp",
+        "silu",
+        "gelu",
+        "relu",
+        "sqrt",
+        "square",
+        "clamp",
+        "add",
+        "mul",
+        "div",
+        "sub",
+        "pow",
+        "reduction",
+        "rms_norm",
+        "softmax",
+    ]:
         assert name in text, name
 
 
@@ -208,6 +248,14 @@ def test_visualize_customized_graph(rng, tmp_path):
     g, _, _ = GRAPHS["gqa_online_softmax"](rng)
     text = read_dot(g.visualize(str(tmp_path / "gqa")))
     assert "digraph" in text
-    for name in ["customized", "matmul", "exp", "reduction_max", "forloop_accum_rescale",
-                 "forloop_accum_max", "div", "mul"]:
+    for name in [
+        "customized",
+        "matmul",
+        "exp",
+        "reduction_max",
+        "forloop_accum_rescale",
+        "forloop_accum_max",
+        "div",
+        "mul",
+    ]:
         assert name in text, name

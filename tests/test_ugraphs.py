@@ -20,8 +20,12 @@ def t64(x):
 
 
 def new_tb(grid_dim, forloop_range, reduction_dimx=64):
-    return mi.new_threadblock_graph(grid_dim=grid_dim, block_dim=(128, 1, 1),
-                                    forloop_range=forloop_range, reduction_dimx=reduction_dimx)
+    return mi.new_threadblock_graph(
+        grid_dim=grid_dim,
+        block_dim=(128, 1, 1),
+        forloop_range=forloop_range,
+        reduction_dimx=reduction_dimx,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

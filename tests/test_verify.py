@@ -20,7 +20,9 @@ def rmsnorm_linear_fused(
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(m, k), dtype=mi.float16)
     W = g.new_input(dims=(k, n), dtype=mi.float16)
-    tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=8, reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=8, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(-1, -1, -1), forloop_dim=1)
     tw = tb.new_input(W, input_map=(1, -1, -1), forloop_dim=0)
     mm = tb.forloop_accum(tb.matmul(tx, tw))

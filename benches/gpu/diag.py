@@ -22,9 +22,13 @@ def show(best) -> None:
         k = op["kind"]
         if k["kind"] == "customized":
             bg = k["graph"]
-            ops = [o["kind"]["kind"] for o in bg["ops"] if o["kind"]["kind"] not in ("input", "output")]
+            ops = [
+                o["kind"]["kind"] for o in bg["ops"] if o["kind"]["kind"] not in ("input", "output")
+            ]
             dims = [o["kind"]["dims"] for o in bg["ops"] if o["kind"]["kind"] == "input"]
-            print(f"  grid {bg['grid_dim']} block {bg['block_dim']} frange {bg['forloop_range']} in {dims}")
+            print(
+                f"  grid {bg['grid_dim']} block {bg['block_dim']} frange {bg['forloop_range']} in {dims}"
+            )
             print("     ", " ".join(ops))
         elif k["kind"] != "input":
             print("  ", k["kind"])

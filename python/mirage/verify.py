@@ -73,11 +73,16 @@ def verify(
     for name, g in (("reference", reference), ("candidate", candidate)):
         if not isinstance(g, KNGraph):
             raise TypeError(f"verify: {name} must be a kernel graph, got {type(g).__name__}")
-    d = _core.verify(
-        reference._core, candidate._core, seed, trials, float_check, allow_non_lax
-    )
+    d = _core.verify(reference._core, candidate._core, seed, trials, float_check, allow_non_lax)
     if not d["equivalent"]:
-        keys = ("output", "candidate_output", "index", "reference_value", "candidate_value", "trial")
+        keys = (
+            "output",
+            "candidate_output",
+            "index",
+            "reference_value",
+            "candidate_value",
+            "trial",
+        )
         return Verdict(equivalent=False, counterexample={k: d[k] for k in keys})
     return Verdict(
         equivalent=True,

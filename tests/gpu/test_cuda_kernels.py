@@ -183,6 +183,7 @@ def test_register_loop_combine(dtype, splits, threads):
     ao = tb.forloop_accum_rescale(tb.mul(to, e1), e2, None)
     al = tb.forloop_accum_rescale(tb.mul(tl, e1), e2, None)
     tb.new_output(tb.div(ao, al), (0, 1, -1), -1)
+    tb.new_output(al, (0, 1, -1), -1)  # a per-row tile: stored once per row
     for o in g.customized([O, L, M], tb):
         g.mark_output(o)
     gen = torch.Generator().manual_seed(splits)

@@ -185,8 +185,11 @@ fn combine_graph(splits: usize, threads: usize, dt: DType) -> KernelGraph {
     let al = tb.forloop_accum_rescale(pl, e2, Accum::None).unwrap();
     let out = tb.binary(BinaryOp::Div, ao, al).unwrap();
     tb.new_output(out, [0, 1, -1], -1).unwrap();
+    tb.new_output(al, [0, 1, -1], -1).unwrap();
     let outs = g.customized(&[o, l, m], tb).unwrap();
-    g.mark_output(outs[0], None).unwrap();
+    for t in outs {
+        g.mark_output(t, None).unwrap();
+    }
     g
 }
 
@@ -200,6 +203,8 @@ fn register_loops_compile() {
             let g = combine_graph(splits, threads, dt);
             let p = generate(&g, &Options::for_arch(90)).unwrap();
             assert!(p.source.contains("element-wise in registers"), "{splits} splits: not the register form");
+            // The per-row sum is stored by the first element of each row only.
+            assert!(p.source.contains("if ((e % 64) == 0) out1["), "{splits} splits: per-row store");
             compile_all(&format!("combine {splits} x {threads} {}", dt.name()), &g);
         }
     }

@@ -36,10 +36,7 @@ enum Sec {
 /// The kernel `name` for `bg` in registers, or `None` when the graph is not of that form.
 pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBuffer]) -> Result<Option<Emitted>> {
     let nt: usize = bg.block_dim.iter().product();
-    if nt == 0 || !nt.is_multiple_of(32) {
-        return Ok(None);
-    }
-    if !bg.is_elementwise() {
+    if nt == 0 || !nt.is_multiple_of(32) || !bg.is_elementwise() {
         return Ok(None);
     }
     let Some(full) = bg.tensors.iter().max_by_key(|t| numel(&t.dims)).map(|t| t.dims.clone()) else {
@@ -67,8 +64,9 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                 }
             }
             BlockOpKind::Output { .. } => Sec::Post,
-            BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } => phase_sec(op.outputs[0]),
-            BlockOpKind::Reduction { .. } => phase_sec(op.outputs[0]),
+            BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } | BlockOpKind::Reduction { .. } => {
+                phase_sec(op.outputs[0])
+            }
             // The running max runs every iteration unless its operand is computed after the loop.
             BlockOpKind::ReductionMax { .. } => {
                 if phase_sec(op.inputs[0]) == Sec::Post {
@@ -80,7 +78,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             BlockOpKind::ForloopAccum { .. }
             | BlockOpKind::ForloopAccumRescale { .. }
             | BlockOpKind::ForloopAccumMax => Sec::Loop,
-            _ => return Ok(None),
+            _ => return Ok(None), // not element-wise (`is_elementwise` rules it out)
         };
         secs.push(sec);
     }

@@ -16,7 +16,7 @@ use mirage_ugraph::{
     fuse_elementwise, Accum, BlockGraph, BlockOpKind, FusedGroup, Phase, STensorId, ThreadOp, UnaryOp,
 };
 
-use crate::emit::{bcast, binary_expr, coord, flit, numel, offset, offset_wide, row_major, unary_expr, wl};
+use crate::emit::{bcast, binary_expr, coord, dev_offset, flit, kernel_params, numel, row_major, unary_expr, wl};
 use crate::error::{unsupported, Result};
 use crate::flash::{self, FlashRegion};
 use crate::program::{DevBuffer, Storage};
@@ -858,11 +858,6 @@ fn rows_of_8(tile: &[usize], strides: &[usize]) -> bool {
         && strides.iter().rev().skip(1).all(|s| s % 8 == 0)
 }
 
-/// Whether offsets up to `max` need 64-bit arithmetic.
-pub(crate) fn wide(max: usize) -> bool {
-    max >= i32::MAX as usize / 2
-}
-
 impl Ctx<'_> {
     /// Elements of one pipeline stage of tile `t` (0 for a tile without a layout).
     fn stage_elems(&self, t: STensorId) -> usize {
@@ -1033,19 +1028,16 @@ impl Ctx<'_> {
         wl!(s, "  const long long base = {base};");
         // Element by element: fp32 values through 4-byte cp.async (a staged tile's copies then
         // stay in flight like the vector ones; a plain load would stall its iteration).
-        let scalar = if dev.storage == Storage::F32 {
-            format!(
-                "for (int i = tid; i < {n}; i += NT) mi::cp_async4(&{dst}[{}], &in{k}[base + {}]);",
-                l.index("i"),
-                Self::tile_elem_offset(tile, &dev.strides, "i")
-            )
+        let (to, from) = (
+            format!("{dst}[{}]", l.index("i")),
+            format!("in{k}[base + {}]", Self::tile_elem_offset(tile, &dev.strides, "i")),
+        );
+        let copy = if dev.storage == Storage::F32 {
+            format!("mi::cp_async4(&{to}, &{from})")
         } else {
-            format!(
-                "for (int i = tid; i < {n}; i += NT) {dst}[{}] = in{k}[base + {}];",
-                l.index("i"),
-                Self::tile_elem_offset(tile, &dev.strides, "i")
-            )
+            format!("{to} = {from}")
         };
+        let scalar = format!("for (int i = tid; i < {n}; i += NT) {copy};");
         if l.vector {
             let vec = 16 / dev.storage.size_bytes();
             let chunks = n / vec;
@@ -1105,13 +1097,7 @@ impl Ctx<'_> {
     ) -> Result<String> {
         let bg = self.bg;
         let mut s = String::new();
-        let mut params: Vec<String> = Vec::new();
-        for (k, b) in self.ins.iter().enumerate() {
-            params.push(format!("const {}* __restrict__ in{k}", b.storage.cty()));
-        }
-        for (j, b) in self.outs.iter().enumerate() {
-            params.push(format!("{}* __restrict__ out{j}", b.storage.cty()));
-        }
+        let params = kernel_params(self.ins, self.outs);
         let staged: Vec<(usize, usize, STensorId)> = steps
             .iter()
             .filter_map(|&(_, st)| match st {
@@ -1139,7 +1125,7 @@ impl Ctx<'_> {
         let two =
             self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt == 256 && wg.is_none_or(|(_, ks)| ks == 2);
         let bounds = if two { format!("{}, 2", self.nt) } else { self.nt.to_string() };
-        wl!(s, "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{", params.join(", "));
+        wl!(s, "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({params}) {{");
         wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wg.is_some() { WG_ALIGN } else { 16 });
         wl!(s, "  constexpr int NT = {};", self.nt);
         wl!(s, "  const int tid = mi::lin_tid();");
@@ -1352,12 +1338,7 @@ impl Ctx<'_> {
 
     /// Element offset inside a device tensor of tile element `idx` (tile dims, device strides).
     fn tile_elem_offset(tile: &[usize], strides: &[usize], idx: &str) -> String {
-        let max: usize = tile.iter().zip(strides).map(|(&d, &s)| (d - 1) * s).sum();
-        if wide(max) {
-            offset_wide(tile, idx, tile, strides)
-        } else {
-            offset(tile, idx, tile, strides)
-        }
+        dev_offset(tile, idx, tile, strides)
     }
 
     fn step(&self, step: Step, sec: Section) -> Result<String> {

@@ -13,10 +13,10 @@
 //! as passes over shared memory with a barrier between them, which for tiles of a few hundred
 //! elements is a chain of barriers and latencies per iteration.
 
-use mirage_ugraph::{BlockGraph, BlockOpKind, Phase};
+use mirage_ugraph::{BlockGraph, BlockOp, BlockOpKind, Phase};
 
-use crate::block_kernel::{tile_base, wide, Emitted};
-use crate::emit::{binary_expr, coord, numel, offset, offset_wide, unary_expr, wl};
+use crate::block_kernel::{tile_base, Emitted};
+use crate::emit::{binary_expr, coord, dev_offset, kernel_params, numel, unary_expr, wl};
 use crate::error::Result;
 use crate::program::DevBuffer;
 
@@ -47,64 +47,16 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     if per > MAX_PER_THREAD {
         return Ok(None);
     }
-    // Where each op runs.
-    let phase_sec = |t: usize| match bg.tensors[t].phase {
-        Phase::Invariant => Sec::Pre,
-        Phase::Loop => Sec::Loop,
-        Phase::Post => Sec::Post,
-    };
-    let mut secs = Vec::with_capacity(bg.ops.len());
-    for op in &bg.ops {
-        let sec = match op.kind {
-            BlockOpKind::Input { forloop_dim, .. } => {
-                if forloop_dim >= 0 {
-                    Sec::Loop
-                } else {
-                    Sec::Pre
-                }
-            }
-            BlockOpKind::Output { .. } => Sec::Post,
-            BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } | BlockOpKind::Reduction { .. } => {
-                phase_sec(op.outputs[0])
-            }
-            // The running max runs every iteration unless its operand is computed after the loop.
-            BlockOpKind::ReductionMax { .. } => {
-                if phase_sec(op.inputs[0]) == Sec::Post {
-                    Sec::Post
-                } else {
-                    Sec::Loop
-                }
-            }
-            BlockOpKind::ForloopAccum { .. }
-            | BlockOpKind::ForloopAccumRescale { .. }
-            | BlockOpKind::ForloopAccumMax => Sec::Loop,
-            _ => return Ok(None), // not element-wise (`is_elementwise` rules it out)
-        };
-        secs.push(sec);
-    }
-
-    let mut params: Vec<String> = Vec::new();
-    for (k, b) in ins.iter().enumerate() {
-        params.push(format!("const {}* __restrict__ in{k}", b.storage.cty()));
-    }
-    for (j, b) in outs.iter().enumerate() {
-        params.push(format!("{}* __restrict__ out{j}", b.storage.cty()));
-    }
+    let params = kernel_params(ins, outs);
     // Element offset in device tensor `dev` of the tile element that element `e` reads.
-    let dev_offset = |dims: &[usize], dev: &DevBuffer| -> String {
-        let max: usize = dims.iter().zip(&dev.strides).map(|(&d, &st)| (d - 1) * st).sum();
-        if wide(max) {
-            offset_wide(&full, "e", dims, &dev.strides)
-        } else {
-            offset(&full, "e", dims, &dev.strides)
-        }
-    };
+    let elem = |dims: &[usize], dev: &DevBuffer| dev_offset(&full, "e", dims, &dev.strides);
     let v = |t: usize| format!("v{t}[j]");
 
     // The statements of each section, per element slot j (element e).
     let mut body: [String; 3] = Default::default();
     let (mut k_in, mut j_out) = (0, 0);
-    for (op, &sec) in bg.ops.iter().zip(&secs) {
+    for op in &bg.ops {
+        let Some(sec) = section(bg, op) else { return Ok(None) };
         let s = &mut body[sec as usize];
         match op.kind {
             BlockOpKind::Input { imap, forloop_dim, .. } => {
@@ -113,7 +65,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                 let dims = &bg.tensors[t].dims;
                 let it = (forloop_dim >= 0).then_some("it");
                 let base = tile_base(bg, imap, forloop_dim, dims, &ins[k].strides, it);
-                wl!(s, "{} = mi::to_f32(in{k}[{base} + {}]);", v(t), dev_offset(dims, &ins[k]));
+                wl!(s, "{} = mi::to_f32(in{k}[{base} + {}]);", v(t), elem(dims, &ins[k]));
             }
             BlockOpKind::Output { omap, forloop_dim } => {
                 let (j, t) = (j_out, op.inputs[0]);
@@ -127,7 +79,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                     .collect();
                 let store = format!(
                     "out{j}[{base} + {}] = mi::from_f32<{}>({});",
-                    dev_offset(dims, &outs[j]),
+                    elem(dims, &outs[j]),
                     outs[j].storage.cty(),
                     v(t)
                 );
@@ -177,7 +129,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         bg.block_dim,
         bg.forloop_range
     );
-    wl!(s, "extern \"C\" __global__ void __launch_bounds__({nt}) {name}({}) {{", params.join(", "));
+    wl!(s, "extern \"C\" __global__ void __launch_bounds__({nt}) {name}({params}) {{");
     wl!(s, "  constexpr int NT = {nt};");
     wl!(s, "  const int tid = mi::lin_tid();");
     wl!(s, "  (void)tid;");
@@ -211,6 +163,29 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     slots(&mut s, "  ", &body[Sec::Post as usize]);
     wl!(s, "}}");
     Ok(Some(Emitted { source: s, smem_bytes: 0 }))
+}
+
+/// Where op `op` runs: inputs of the loop and ops of loop-phase values in it, the running max
+/// in it unless its operand is computed after the loop, outputs after it. `None` for an op
+/// outside the form (which `is_elementwise` rules out).
+fn section(bg: &BlockGraph, op: &BlockOp) -> Option<Sec> {
+    let phase = |t: usize| match bg.tensors[t].phase {
+        Phase::Invariant => Sec::Pre,
+        Phase::Loop => Sec::Loop,
+        Phase::Post => Sec::Post,
+    };
+    Some(match op.kind {
+        BlockOpKind::Input { forloop_dim, .. } if forloop_dim >= 0 => Sec::Loop,
+        BlockOpKind::Input { .. } => Sec::Pre,
+        BlockOpKind::Output { .. } => Sec::Post,
+        BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } | BlockOpKind::Reduction { .. } => phase(op.outputs[0]),
+        BlockOpKind::ReductionMax { .. } if phase(op.inputs[0]) == Sec::Post => Sec::Post,
+        BlockOpKind::ReductionMax { .. }
+        | BlockOpKind::ForloopAccum { .. }
+        | BlockOpKind::ForloopAccumRescale { .. }
+        | BlockOpKind::ForloopAccumMax => Sec::Loop,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 
 use mirage_ugraph::{BinaryOp, UnaryOp};
 
+use crate::program::DevBuffer;
+
 /// Appends one formatted line to a `String`.
 macro_rules! wl {
     ($out:expr, $($arg:tt)*) => {{
@@ -77,6 +79,31 @@ pub(crate) fn offset_wide(out_dims: &[usize], var: &str, in_dims: &[usize], in_s
     } else {
         format!("({})", terms.join(" + "))
     }
+}
+
+/// Whether offsets up to `max` need 64-bit arithmetic.
+fn wide(max: usize) -> bool {
+    max >= i32::MAX as usize / 2
+}
+
+/// [`offset`], or [`offset_wide`] where an offset into `in_dims` under `in_strides` may pass
+/// 2^31: the element offset in a device tensor of what row-major index `var` over `out_dims`
+/// reads.
+pub(crate) fn dev_offset(out_dims: &[usize], var: &str, in_dims: &[usize], in_strides: &[usize]) -> String {
+    let max: usize = in_dims.iter().zip(in_strides).map(|(&d, &s)| (d - 1) * s).sum();
+    if wide(max) {
+        offset_wide(out_dims, var, in_dims, in_strides)
+    } else {
+        offset(out_dims, var, in_dims, in_strides)
+    }
+}
+
+/// The parameter list of a kernel reading `ins` and writing `outs`: `in0, in1, ..., out0, ...`
+/// as pointers to their storage types.
+pub(crate) fn kernel_params(ins: &[DevBuffer], outs: &[DevBuffer]) -> String {
+    let ins = ins.iter().enumerate().map(|(k, b)| format!("const {}* __restrict__ in{k}", b.storage.cty()));
+    let outs = outs.iter().enumerate().map(|(j, b)| format!("{}* __restrict__ out{j}", b.storage.cty()));
+    ins.chain(outs).collect::<Vec<_>>().join(", ")
 }
 
 /// Broadcast index into a row-major tile of `in_dims` for row-major index `var` over `out_dims`.

@@ -12,8 +12,8 @@
 
 use mirage_ugraph::{BlockGraph, BlockOpKind, STensorId};
 
-use crate::block_kernel::{tile_base, wide, Emitted};
-use crate::emit::{binary_expr, flit, numel, offset, offset_wide, unary_expr, wl};
+use crate::block_kernel::{tile_base, Emitted};
+use crate::emit::{binary_expr, dev_offset, flit, kernel_params, numel, unary_expr, wl};
 use crate::error::Result;
 use crate::program::DevBuffer;
 
@@ -51,13 +51,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         }
     }
 
-    let mut params: Vec<String> = Vec::new();
-    for (k, b) in ins.iter().enumerate() {
-        params.push(format!("const {}* __restrict__ in{k}", b.storage.cty()));
-    }
-    for (j, b) in outs.iter().enumerate() {
-        params.push(format!("{}* __restrict__ out{j}", b.storage.cty()));
-    }
+    let params = kernel_params(ins, outs);
     let mut s = String::new();
     wl!(
         s,
@@ -65,7 +59,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         bg.grid_dim,
         bg.block_dim
     );
-    wl!(s, "extern \"C\" __global__ void __launch_bounds__({nt}) {name}({}) {{", params.join(", "));
+    wl!(s, "extern \"C\" __global__ void __launch_bounds__({nt}) {name}({params}) {{");
     wl!(s, "  constexpr int NT = {nt};");
     wl!(s, "  const int tid = mi::lin_tid();");
     if norms > 0 {
@@ -78,12 +72,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     // Element offset in device tensor `dev` of tile element `var`, and whether the 8 elements
     // from a chunk start are contiguous and 16-byte aligned whenever the pointer is.
     let elem = |dev: &DevBuffer, var: &str| -> (String, bool) {
-        let max: usize = dims.iter().zip(&dev.strides).map(|(&d, &st)| (d - 1) * st).sum();
-        let off = if wide(max) {
-            offset_wide(&dims, var, &dims, &dev.strides)
-        } else {
-            offset(&dims, var, &dims, &dev.strides)
-        };
+        let off = dev_offset(&dims, var, &dims, &dev.strides);
         let es = dev.storage.size_bytes();
         let r = dims.len();
         let vec =

@@ -499,6 +499,11 @@ def run_cell(w: Workload, b: int, seed: int, args: argparse.Namespace, l2: int) 
             "winner_hash": winner.get("hash"),
             "stopped": st.get("stopped"),
         }
+        if args.save_graphs:
+            os.makedirs(args.save_graphs, exist_ok=True)
+            name = f"{w.name}_{b}_{(winner.get('hash') or best.hash())[:8]}.json"
+            with open(os.path.join(args.save_graphs, name), "w", encoding="utf-8") as f:
+                f.write(best.to_json())
     else:
         cell["search"]["wall_s"] = wall
 
@@ -773,6 +778,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--resume", action="store_true", help="keep the cells already in --json, run the rest"
     )
     ap.add_argument("--write-md", default=None, help="replace the bench section of this file")
+    ap.add_argument(
+        "--save-graphs", default=None, help="write each cell's chosen µGraph here as JSON"
+    )
     args = ap.parse_args(argv)
     known = {w.name for w in WORKLOADS}
     if args.only:

@@ -12,6 +12,10 @@ NVRTC and CUDA's headers are found (in order): ``MIRAGE_NVRTC_PATH`` / ``MIRAGE_
 the NVRTC already loaded in this process (torch's), the nvidia pip packages on ``sys.path``,
 ``CUDA_HOME``, ``/usr/local/cuda``. ``MIRAGE_SAVE_CODES=<folder>`` (or ``save_codes=True``
 / a folder in the call) writes each generated source to ``<folder>/<graph hash>_sm<arch>.cu``.
+
+On sm_90 and later the kernels are launched as programmatic dependents of the previous kernel
+in the stream: each may be scheduled while that one drains, and waits for it to finish before
+touching memory. ``MIRAGE_PDL=0`` (read when a graph is first run) launches them plainly.
 """
 
 from __future__ import annotations

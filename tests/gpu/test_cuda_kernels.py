@@ -284,3 +284,41 @@ def test_shared_memory_limit_is_a_clear_error():
     x = [t.cuda() for t in _inputs(ug, 0)]
     with pytest.raises(RuntimeError, match="shared memory"):
         ug(inputs=x)
+
+
+@pytest.mark.parametrize("in_graph", [False, True])
+def test_back_to_back_calls_read_finished_results(in_graph):
+    # On sm_90 each kernel is launched as a programmatic dependent of the one before it in the
+    # stream: it may be scheduled while that one drains, and must still read its finished
+    # writes. A chain x <- rms_norm(x @ w) of 24 calls (two kernels each, through a
+    # workspace), with every result poisoned before it is computed, against float64.
+    g = mi.new_kernel_graph()
+    x = g.new_input((64, 256), dtype=mi.float32)
+    w = g.new_input((256, 256), dtype=mi.float32)
+    g.mark_output(g.rms_norm(g.matmul(x, w), normalized_shape=(256,)))
+    gen = torch.Generator().manual_seed(5)
+    x0 = torch.randn(64, 256, generator=gen)
+    w0 = torch.randn(256, 256, generator=gen) / 16
+    ref = [x0.double()]
+    for _ in range(24):
+        y = ref[-1] @ w0.double()
+        ref.append(y / y.pow(2).mean(-1, keepdim=True).sqrt())
+    xs, wd = [x0.cuda()], w0.cuda()
+    if in_graph:
+        g(inputs=[xs[0], wd])  # compiles and loads outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(24):
+                xs.append(g(inputs=[xs[-1], wd])[0])
+        for _ in range(2):
+            for t in xs[1:]:
+                t.fill_(float("nan"))
+            graph.replay()
+    else:
+        for _ in range(24):
+            xs.append(g(inputs=[xs[-1], wd])[0])
+    torch.cuda.synchronize()
+    for i, (o, r) in enumerate(zip(xs, ref)):
+        assert torch.isfinite(o).all(), f"call {i}: unwritten elements"
+        assert _rel(o, r) < 1e-3, f"call {i}: relative error {_rel(o, r):.3g}"

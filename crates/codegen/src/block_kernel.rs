@@ -16,7 +16,9 @@ use mirage_ugraph::{
     fuse_elementwise, Accum, BlockGraph, BlockOpKind, FusedGroup, Phase, STensorId, ThreadOp, UnaryOp,
 };
 
-use crate::emit::{bcast, binary_expr, coord, dev_offset, flit, kernel_params, numel, row_major, unary_expr, wl};
+use crate::emit::{
+    bcast, binary_expr, coord, dev_offset, flit, kernel_open, kernel_params, numel, row_major, unary_expr, wl,
+};
 use crate::error::{unsupported, Result};
 use crate::flash::{self, FlashRegion};
 use crate::program::{DevBuffer, Storage};
@@ -1125,7 +1127,7 @@ impl Ctx<'_> {
         let two =
             self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt == 256 && wg.is_none_or(|(_, ks)| ks == 2);
         let bounds = if two { format!("{}, 2", self.nt) } else { self.nt.to_string() };
-        wl!(s, "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({params}) {{");
+        s.push_str(&kernel_open(&bounds, name, &params));
         wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wg.is_some() { WG_ALIGN } else { 16 });
         wl!(s, "  constexpr int NT = {};", self.nt);
         wl!(s, "  const int tid = mi::lin_tid();");

@@ -6,7 +6,7 @@
 
 use mirage_ugraph::{BinaryOp, UnaryOp};
 
-use crate::emit::{binary_expr, offset_wide, row_major, unary_expr, wl};
+use crate::emit::{binary_expr, kernel_open, offset_wide, row_major, unary_expr, wl};
 use crate::error::{unsupported, Result};
 use crate::program::{DevBuffer, Storage};
 
@@ -51,7 +51,7 @@ fn signature(name: &str, nt: usize, ins: &[&DevBuffer], out: &DevBuffer) -> Stri
     let mut p: Vec<String> =
         ins.iter().enumerate().map(|(k, b)| format!("const {}* __restrict__ in{k}", b.storage.cty())).collect();
     p.push(format!("{}* __restrict__ out0", out.storage.cty()));
-    format!("extern \"C\" __global__ void __launch_bounds__({nt}) {name}({})", p.join(", "))
+    kernel_open(&nt.to_string(), name, &p.join(", "))
 }
 
 /// The element-wise op of an element-wise kernel.
@@ -69,7 +69,7 @@ pub(crate) fn elementwise(name: &str, op: &Ew, ins: &[&DevBuffer], out: &DevBuff
     let n = numel(&out.dims);
     let od = &out.dims;
     let mut s = String::new();
-    wl!(s, "{} {{", signature(name, NT, ins, out));
+    s.push_str(&signature(name, NT, ins, out));
     wl!(s, "  for (long long i = (long long)blockIdx.x * {NT} + threadIdx.x; i < {n}LL; i += (long long)gridDim.x * {NT}) {{");
     for (k, b) in ins.iter().enumerate() {
         wl!(s, "    const float r{k} = {};", read(b, &format!("in{k}"), &offset_wide(od, "i", &b.dims, &b.strides)));
@@ -91,7 +91,7 @@ pub(crate) fn reduction(name: &str, dim: usize, x: &DevBuffer, out: &DevBuffer) 
     let nout = numel(od);
     let warps = NT / 32;
     let mut s = String::new();
-    wl!(s, "{} {{", signature(name, NT, &[x], out));
+    s.push_str(&signature(name, NT, &[x], out));
     wl!(s, "  const int lane = threadIdx.x & 31;");
     wl!(s, "  for (long long o = (long long)blockIdx.x * {warps} + (threadIdx.x >> 5); o < {nout}LL; o += (long long)gridDim.x * {warps}) {{");
     wl!(s, "    const long long base = {};", offset_wide(od, "o", od, &x.strides));
@@ -129,7 +129,7 @@ pub(crate) fn rms_norm(
     let mut ins = vec![x];
     ins.extend(w);
     let mut s = String::new();
-    wl!(s, "{} {{", signature(name, NT, &ins, out));
+    s.push_str(&signature(name, NT, &ins, out));
     wl!(s, "  __shared__ float scratch[32];");
     wl!(s, "  for (long long row = blockIdx.x; row < {rows}LL; row += gridDim.x) {{");
     wl!(s, "    float ss = 0.0f;");
@@ -161,7 +161,7 @@ pub(crate) fn softmax(name: &str, dim: usize, x: &DevBuffer, out: &DevBuffer) ->
     let (sx, so) = (x.strides[dim], out.strides[dim]);
     let xr = |idx: &str| read(x, "in0", idx);
     let mut s = String::new();
-    wl!(s, "{} {{", signature(name, NT, &[x], out));
+    s.push_str(&signature(name, NT, &[x], out));
     wl!(s, "  __shared__ float scratch[32];");
     wl!(s, "  for (long long sl = blockIdx.x; sl < {slices}LL; sl += gridDim.x) {{");
     wl!(s, "    const long long bx = {};", offset_wide(&sd, "sl", &sd, &x.strides));
@@ -219,7 +219,7 @@ pub(crate) fn matmul(name: &str, a: &DevBuffer, b: &DevBuffer, out: &DevBuffer) 
     let (sbk, sbn) = (b.strides[r - 2], b.strides[r - 1]);
     let (scm, scn) = (out.strides[r - 2], out.strides[r - 1]);
     let mut s = String::new();
-    wl!(s, "{} {{", signature(name, MM_NT, &[a, b], out));
+    s.push_str(&signature(name, MM_NT, &[a, b], out));
     wl!(s, "  extern __shared__ __align__(16) unsigned char mi_smem[];");
     wl!(s, "  constexpr int NT = {MM_NT};");
     wl!(s, "  {ta}* const As = reinterpret_cast<{ta}*>(mi_smem);");

@@ -122,6 +122,14 @@ pub struct Module {
     device: Arc<Device>,
     module: sys::CUmodule,
     funcs: Vec<(sys::CUfunction, KernelSpec)>,
+    dependent: bool,
+}
+
+/// Whether kernels that wait for their predecessor ([`KernelSpec::dep_wait`]) are launched as
+/// programmatic dependents on sm_90 and later: their launch then overlaps the previous kernel's
+/// drain. On unless the environment sets `MIRAGE_PDL=0` when a module is loaded.
+pub fn dependent_launch_enabled(arch: u32) -> bool {
+    arch >= 90 && std::env::var("MIRAGE_PDL").map_or(true, |v| v.trim() != "0")
 }
 
 // SAFETY: module and function handles are usable from any thread with the context pushed,
@@ -147,7 +155,8 @@ impl Module {
         // SAFETY: `cubin` is a complete CUBIN image produced by NVRTC.
         let module = unsafe { cu::module::load_data(cubin.as_ptr() as *const c_void) }
             .map_err(|e| drv_err("cuModuleLoadData", e))?;
-        let mut m = Module { device: device.clone(), module, funcs: Vec::new() };
+        let dependent = dependent_launch_enabled(device.arch);
+        let mut m = Module { device: device.clone(), module, funcs: Vec::new(), dependent };
         for k in kernels {
             let name = CString::new(k.name.as_str()).map_err(|_| Error::Launch("kernel name has a NUL".into()))?;
             // SAFETY: the module is loaded.
@@ -189,6 +198,11 @@ impl Module {
         for ((f, k), a) in self.funcs.iter().zip(args) {
             let mut vals: Vec<u64> = a.clone();
             let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+            if self.dependent && k.dep_wait {
+                // SAFETY: as below; the kernel waits for its predecessor before touching memory.
+                unsafe { launch_dependent(*f, k, stream, &mut params) }?;
+                continue;
+            }
             // SAFETY: the caller guarantees the pointers; `params` point at `vals`, alive for the call.
             unsafe {
                 cu::launch_kernel(
@@ -204,6 +218,34 @@ impl Module {
         }
         Ok(())
     }
+}
+
+/// `cuLaunchKernelEx` with programmatic stream serialization: the kernel may be scheduled
+/// before the previous kernel of `stream` has finished (it then waits in `mi::dep_enter`).
+///
+/// # Safety
+/// As [`Module::launch`]; `params` must point at the kernel's arguments.
+unsafe fn launch_dependent(f: sys::CUfunction, k: &KernelSpec, stream: u64, params: &mut [*mut c_void]) -> Result<()> {
+    // SAFETY: a zeroed attribute is a valid plain-data value; the fields used are set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: k.grid[0],
+        gridDimY: k.grid[1],
+        gridDimZ: k.grid[2],
+        blockDimX: k.block[0],
+        blockDimY: k.block[1],
+        blockDimZ: k.block[2],
+        sharedMemBytes: k.smem_bytes as u32,
+        hStream: stream as sys::CUstream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `cfg` and `attr` live through the call; the caller guarantees the arguments.
+    unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
+        .map_err(|e| drv_err("cuLaunchKernelEx", e))
 }
 
 impl Drop for Module {

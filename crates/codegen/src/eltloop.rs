@@ -16,7 +16,7 @@
 use mirage_ugraph::{BlockGraph, BlockOp, BlockOpKind, Phase};
 
 use crate::block_kernel::{tile_base, Emitted};
-use crate::emit::{binary_expr, coord, dev_offset, kernel_params, numel, unary_expr, wl};
+use crate::emit::{binary_expr, coord, dev_offset, kernel_open, kernel_params, numel, unary_expr, wl};
 use crate::error::Result;
 use crate::program::DevBuffer;
 
@@ -129,7 +129,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         bg.block_dim,
         bg.forloop_range
     );
-    wl!(s, "extern \"C\" __global__ void __launch_bounds__({nt}) {name}({params}) {{");
+    s.push_str(&kernel_open(&nt.to_string(), name, &params));
     wl!(s, "  constexpr int NT = {nt};");
     wl!(s, "  const int tid = mi::lin_tid();");
     wl!(s, "  (void)tid;");

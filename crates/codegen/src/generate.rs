@@ -193,7 +193,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         }
         let mut args: Vec<BufferRef> = ins.iter().map(|b| b.location).collect();
         args.extend(outs.iter().map(|b| b.location));
-        kernels.push(KernelSpec { name, kind, op: i, grid, block, smem_bytes: smem, args });
+        kernels.push(KernelSpec { name, kind, op: i, grid, block, smem_bytes: smem, args, dep_wait: true });
         bodies.push(src);
     }
     for (j, t) in copies {
@@ -215,6 +215,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
             block: e.block,
             smem_bytes: 0,
             args: vec![src.location, out.location],
+            dep_wait: true,
         });
         bodies.push(e.source);
     }

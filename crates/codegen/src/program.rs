@@ -93,6 +93,9 @@ pub struct KernelSpec {
     pub smem_bytes: usize,
     /// The kernel's pointer arguments, in order.
     pub args: Vec<BufferRef>,
+    /// Whether the kernel waits for the previous grid of its stream before any global access
+    /// (`mi::dep_enter`), so that it may be launched as a programmatic dependent of it on sm_90.
+    pub dep_wait: bool,
 }
 
 /// Dims, dtype and layout of a graph input or output as the compiled program expects it.

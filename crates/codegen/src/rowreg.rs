@@ -13,7 +13,7 @@
 use mirage_ugraph::{BlockGraph, BlockOpKind, STensorId};
 
 use crate::block_kernel::{tile_base, Emitted};
-use crate::emit::{binary_expr, dev_offset, flit, kernel_params, numel, unary_expr, wl};
+use crate::emit::{binary_expr, dev_offset, flit, kernel_open, kernel_params, numel, unary_expr, wl};
 use crate::error::Result;
 use crate::program::DevBuffer;
 
@@ -59,7 +59,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         bg.grid_dim,
         bg.block_dim
     );
-    wl!(s, "extern \"C\" __global__ void __launch_bounds__({nt}) {name}({params}) {{");
+    s.push_str(&kernel_open(&nt.to_string(), name, &params));
     wl!(s, "  constexpr int NT = {nt};");
     wl!(s, "  const int tid = mi::lin_tid();");
     if norms > 0 {

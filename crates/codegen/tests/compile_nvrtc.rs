@@ -33,10 +33,26 @@ fn setup() -> bool {
 fn compile_all(name: &str, g: &KernelGraph) {
     for arch in [80, 90] {
         let p = generate(g, &Options::for_arch(arch)).unwrap_or_else(|e| panic!("{name}: generate failed: {e}"));
+        assert_waits_first(name, &p);
         if let Err(e) = nvrtc::compile(&p.source, arch) {
             panic!("{name} (sm_{arch}) failed to compile: {e}\n--- source ---\n{}", p.source);
         }
     }
+}
+
+/// Every kernel starts with the dependent-launch wait (it is launched as a programmatic
+/// dependent of the previous kernel on sm_90, so it must not touch memory before it).
+fn assert_waits_first(name: &str, p: &mirage_codegen::Program) {
+    let mut lines = p.source.lines();
+    let mut kernels = 0;
+    while let Some(l) = lines.next() {
+        if l.contains("__global__") {
+            kernels += 1;
+            assert_eq!(lines.next().map(str::trim), Some("mi::dep_enter();"), "{name}: {l}");
+        }
+    }
+    assert_eq!(kernels, p.kernels.len(), "{name}");
+    assert!(p.kernels.iter().all(|k| k.dep_wait), "{name}");
 }
 
 fn zoo_graphs(dt: DType) -> Vec<(String, KernelGraph)> {

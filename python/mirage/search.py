@@ -77,7 +77,7 @@ _BACKENDS = ("cuda", "cpu")
 #: PROFILE_TOP_N cheapest of those that pass are compiled and timed.
 _GPU_TOP_N = 48
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 12
+_CACHE_VERSION = 13
 #: Candidates compiled and timed on a GPU.
 PROFILE_TOP_N = 32
 

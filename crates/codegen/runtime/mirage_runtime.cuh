@@ -40,6 +40,13 @@ __device__ __forceinline__ void dep_enter() {
 #endif
 }
 
+// A hint: fetch the line holding `p` into L2 (no register or shared memory is written).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
 // ------------------------------------------------------------------ threads
 __device__ __forceinline__ int lin_tid() {
   return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));

@@ -99,10 +99,11 @@ pub(crate) fn dev_offset(out_dims: &[usize], var: &str, in_dims: &[usize], in_st
 }
 
 /// The opening of a kernel: its signature (`bounds` as `__launch_bounds__`' arguments, `params`
-/// from [`kernel_params`]) and the dependent-launch wait every generated kernel starts with
-/// (`mi::dep_enter`; see [`crate::program::KernelSpec::dep_wait`]).
-pub(crate) fn kernel_open(bounds: &str, name: &str, params: &str) -> String {
-    format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({params}) {{\n  mi::dep_enter();\n")
+/// from [`kernel_params`]), `pre` (code that touches no memory but L2 prefetches) and the
+/// dependent-launch wait every generated kernel starts with (`mi::dep_enter`; see
+/// [`crate::program::KernelSpec::dep_wait`]).
+pub(crate) fn kernel_open(bounds: &str, name: &str, params: &str, pre: &str) -> String {
+    format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({params}) {{\n{pre}  mi::dep_enter();\n")
 }
 
 /// The parameter list of a kernel reading `ins` and writing `outs`: `in0, in1, ..., out0, ...`

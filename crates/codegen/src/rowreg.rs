@@ -15,7 +15,7 @@ use mirage_ugraph::{BlockGraph, BlockOpKind, STensorId};
 use crate::block_kernel::{tile_base, Emitted};
 use crate::emit::{binary_expr, dev_offset, flit, kernel_open, kernel_params, numel, unary_expr, wl};
 use crate::error::Result;
-use crate::program::DevBuffer;
+use crate::program::{BufferRef, DevBuffer};
 
 /// Most elements of one tile a thread holds in registers.
 const MAX_PER_THREAD: usize = 64;
@@ -59,7 +59,26 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         bg.grid_dim,
         bg.block_dim
     );
-    s.push_str(&kernel_open(&nt.to_string(), name, &params));
+    // L2 prefetches of the graph inputs' tiles, before the dependent-launch wait (see
+    // `block_kernel`'s prefetches; nTrans b=8 2.86 -> 2.07 us, b=16 3.35 -> 2.29): one per
+    // chunk of 8.
+    let mut pre = String::new();
+    let mut k = 0;
+    for op in &bg.ops {
+        let BlockOpKind::Input { imap, forloop_dim, .. } = op.kind else { continue };
+        let dev = &ins[k];
+        if matches!(dev.location, BufferRef::Input(_)) {
+            let base = tile_base(bg, imap, forloop_dim, &dims, &dev.strides, Some("0"));
+            let off = dev_offset(&dims, "((unsigned)(tid + c * NT) * 8u)", &dims, &dev.strides);
+            wl!(pre, "#pragma unroll");
+            wl!(pre, "    for (int c = 0; c < {kc}; ++c) mi::prefetch_l2(in{k} + ({base}) + {off});");
+        }
+        k += 1;
+    }
+    if !pre.is_empty() {
+        pre = format!("  {{ // L2 prefetch before the wait\n    constexpr int NT = {nt};\n    const int tid = mi::lin_tid();\n{pre}  }}\n");
+    }
+    s.push_str(&kernel_open(&nt.to_string(), name, &params, &pre));
     wl!(s, "  constexpr int NT = {nt};");
     wl!(s, "  const int tid = mi::lin_tid();");
     if norms > 0 {

@@ -204,3 +204,23 @@ fn loop_free_row_kernels_keep_tiles_in_registers() {
     let pair = zoo::ntrans(2, 4104, DType::Float16).expect("zoo");
     assert!(!kernel_source(&pair.ugraph).contains("tiles in registers"));
 }
+
+#[test]
+fn loop_free_kernels_prefetch_their_inputs_before_the_wait() {
+    // Every kernel waits for the previous grid first (dependent launch); a loop-free one first
+    // asks L2 for its input tiles, so that their latency overlaps that grid's drain.
+    let before_wait = |src: &str| {
+        let head = &src[..src.find("mi::dep_enter();").expect("the wait")];
+        head.matches("mi::prefetch_l2(").count()
+    };
+    let lora = zoo::lora(16, 256, 4096, 16, 64, 1, DType::Float16).expect("zoo");
+    let src = kernel_source(&lora.ugraph);
+    assert_eq!(before_wait(&src), 4, "one prefetch loop per input: {src}");
+    assert!(src.contains("mi::prefetch_l2(in1 + base + (i / 64) * 4096 + (i % 64));"), "W's tile: {src}");
+    let ntrans = zoo::ntrans(8, 4096, DType::Float16).expect("zoo");
+    let src = kernel_source(&ntrans.ugraph);
+    assert_eq!(before_wait(&src), 3, "{src}");
+    // A loop's blocks may be resident long before the wait ends: no prefetch.
+    let rl = zoo::rmsnorm_linear(2, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
+    assert_eq!(before_wait(&kernel_source(&rl.ugraph)), 0);
+}

@@ -1,7 +1,7 @@
 //! PyO3 glue exposing the mirage Rust core to Python as `mirage._core`.
 //!
 //! Glue only: every class wraps a builder of the `mirage` crate, takes and returns tensor ids
-//! (`int`), and maps errors in one place ([`convert::to_py_err`]). The user-facing API (dtype
+//! (`int`), and maps errors in one place (`convert::to_py_err`). The user-facing API (dtype
 //! objects, tensor handles, input checks, torch/numpy conversion) lives in the pure-Python
 //! package `mirage`.
 

@@ -1,6 +1,6 @@
 //! CUDA code generation for µGraphs, compiled with NVRTC and launched through the driver API.
 //!
-//! * [`generate`] lowers a kernel graph to a [`Program`]: CUDA C++ source with one
+//! * [`generate()`] lowers a kernel graph to a [`Program`]: CUDA C++ source with one
 //!   `__global__` per customized op (block-graph semantics of `mirage_ugraph::block`: input
 //!   iterators, tile ops, fp32 accumulators, post-loop ops, output savers) and default kernels
 //!   for predefined ops (matmul, element-wise with broadcasting, reduction, rms_norm with
@@ -12,7 +12,10 @@
 //! * [`nvrtc::compile`] compiles a source to a CUBIN for an exact `sm_XX`, with an in-memory
 //!   and on-disk cache; a missing NVRTC is an error, never a panic.
 //! * [`Executable`] loads a program on a device and launches it on raw device pointers on a
-//!   caller's stream (PyTorch tensors and streams from the Python package).
+//!   caller's stream (PyTorch tensors and streams from the Python package). On sm_90 every
+//!   kernel goes out as a programmatic dependent of the previous kernel in the stream: it
+//!   waits for it (`mi::dep_enter`) before touching memory, so only its launch (and L2
+//!   prefetches of a loop-free kernel's inputs) overlap that kernel's drain.
 //!
 //! ```
 //! use mirage_codegen::{generate, Options};

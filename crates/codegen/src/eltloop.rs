@@ -192,44 +192,27 @@ fn section(bg: &BlockGraph, op: &BlockOp) -> Option<Sec> {
 mod tests {
     use super::*;
     use crate::program::{BufferRef, Storage};
-    use mirage_ugraph::{Accum, BinaryOp, DType, UnaryOp};
+    use mirage_ugraph::{DType, KernelOpKind, TensorId};
 
     fn dev(dims: &[usize]) -> DevBuffer {
         let strides = crate::emit::row_major(dims);
         DevBuffer { dims: dims.to_vec(), strides, storage: Storage::F32, location: BufferRef::Input(0) }
     }
 
-    /// The combine step over `splits` slices; with `matmul`, a loop matmul besides.
-    fn combine(splits: usize, matmul: bool) -> (BlockGraph, Vec<DevBuffer>) {
-        let dims = [vec![2, 256, 64 * splits], vec![2, 256, splits], vec![2, 256, splits]];
-        let mut tb = BlockGraph::new([2, 64, 1], [128, 1, 1], splits, 4).expect("grid");
-        let to = tb.new_input(&dims[0], DType::Float32, [0, 1, -1], 2).expect("o");
-        let tm = tb.new_input(&dims[1], DType::Float32, [0, 1, -1], 2).expect("m");
-        let (mx, diff) = tb.reduction_max(tm, 2).expect("max");
-        let d = tb.binary(BinaryOp::Sub, tm, mx).expect("sub");
-        let e1 = tb.unary(UnaryOp::Exp, d).expect("exp");
-        let e2 = tb.unary(UnaryOp::Exp, diff).expect("exp");
-        let mut po = tb.binary(BinaryOp::Mul, to, e1).expect("mul");
-        if matmul {
-            let t = tb.new_input(&dims[2], DType::Float32, [0, 1, -1], 2).expect("t");
-            let tt = tb.new_input(&[2, 1, 64 * splits], DType::Float32, [0, -1, -1], 2).expect("tt");
-            let p = tb.matmul(t, tt).expect("matmul");
-            po = tb.binary(BinaryOp::Add, po, p).expect("add");
-        }
-        let ao = tb.forloop_accum_rescale(po, e2, Accum::None).expect("acc");
-        tb.new_output(ao, [0, 1, -1], -1).expect("output");
-        let mut ins = vec![dev(&dims[0]), dev(&dims[1])];
-        if matmul {
-            ins.push(dev(&dims[2]));
-            ins.push(dev(&[2, 1, 64 * splits]));
-        }
-        (tb, ins)
+    /// The combine step over `splits` slices (`zoo::combine`, fp32); with `matmul`, a loop
+    /// matmul besides: its block graph and the device buffers of its inputs and outputs.
+    fn combine(splits: usize, matmul: bool) -> (BlockGraph, Vec<DevBuffer>, Vec<DevBuffer>) {
+        let g = mirage_ugraph::zoo::combine(splits, 128, DType::Float32, matmul).expect("zoo");
+        let op = g.ops.iter().find(|op| matches!(op.kind, KernelOpKind::Customized { .. })).expect("customized");
+        let KernelOpKind::Customized { graph } = &op.kind else { unreachable!("found above") };
+        let bufs = |ts: &[TensorId]| ts.iter().map(|&t| dev(&g.tensors[t].dims)).collect::<Vec<_>>();
+        (graph.clone(), bufs(&op.inputs), bufs(&op.outputs))
     }
 
     #[test]
     fn the_combine_step_runs_in_registers_without_barriers() {
-        let (bg, ins) = combine(8, false);
-        let e = emit("k", &bg, &ins, &[dev(&[2, 256, 64])]).expect("emits").expect("register form");
+        let (bg, ins, outs) = combine(8, false);
+        let e = emit("k", &bg, &ins, &outs).expect("emits").expect("register form");
         assert_eq!(e.smem_bytes, 0);
         assert!(!e.source.contains("__syncthreads"));
         // 4 x 64 elements per block over 128 threads: two per thread, the loop unrolled.
@@ -239,7 +222,7 @@ mod tests {
 
     #[test]
     fn other_ops_take_the_general_schedule() {
-        let (bg, ins) = combine(8, true);
-        assert!(emit("k", &bg, &ins, &[dev(&[2, 256, 64])]).expect("emits").is_none());
+        let (bg, ins, outs) = combine(8, true);
+        assert!(emit("k", &bg, &ins, &outs).expect("emits").is_none());
     }
 }

@@ -198,35 +198,6 @@ fn register_row_norms_compile() {
     }
 }
 
-/// Split-KV attention's combine step: per row, the running max of the slices' maxima, their
-/// rescaled sums and one division, over a loop of `splits` slices.
-fn combine_graph(splits: usize, threads: usize, dt: DType) -> KernelGraph {
-    let mut g = KernelGraph::new();
-    let o = g.new_input(&[2, 256, 64 * splits], dt, None).unwrap();
-    let l = g.new_input(&[2, 256, splits], dt, None).unwrap();
-    let m = g.new_input(&[2, 256, splits], dt, None).unwrap();
-    let mut tb = BlockGraph::new([2, 64, 1], [threads, 1, 1], splits, 4).unwrap();
-    let to = tb.new_input(&[2, 256, 64 * splits], dt, [0, 1, -1], 2).unwrap();
-    let tl = tb.new_input(&[2, 256, splits], dt, [0, 1, -1], 2).unwrap();
-    let tm = tb.new_input(&[2, 256, splits], dt, [0, 1, -1], 2).unwrap();
-    let (mx, diff) = tb.reduction_max(tm, 2).unwrap();
-    let d = tb.binary(BinaryOp::Sub, tm, mx).unwrap();
-    let e1 = tb.unary(UnaryOp::Exp, d).unwrap();
-    let e2 = tb.unary(UnaryOp::Exp, diff).unwrap();
-    let po = tb.binary(BinaryOp::Mul, to, e1).unwrap();
-    let pl = tb.binary(BinaryOp::Mul, tl, e1).unwrap();
-    let ao = tb.forloop_accum_rescale(po, e2, Accum::None).unwrap();
-    let al = tb.forloop_accum_rescale(pl, e2, Accum::None).unwrap();
-    let out = tb.binary(BinaryOp::Div, ao, al).unwrap();
-    tb.new_output(out, [0, 1, -1], -1).unwrap();
-    tb.new_output(al, [0, 1, -1], -1).unwrap();
-    let outs = g.customized(&[o, l, m], tb).unwrap();
-    for t in outs {
-        g.mark_output(t, None).unwrap();
-    }
-    g
-}
-
 #[test]
 fn register_loops_compile() {
     if !setup() {
@@ -234,7 +205,7 @@ fn register_loops_compile() {
     }
     for (splits, threads) in [(8, 256), (8, 128), (64, 96)] {
         for dt in [DType::Float16, DType::Float32] {
-            let g = combine_graph(splits, threads, dt);
+            let g = zoo::combine(splits, threads, dt, false).unwrap();
             let p = generate(&g, &Options::for_arch(90)).unwrap();
             assert!(p.source.contains("element-wise in registers"), "{splits} splits: not the register form");
             // The per-row sum is stored by the first element of each row only.

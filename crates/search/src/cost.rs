@@ -227,7 +227,7 @@ pub fn kernel_graph_cost(g: &KernelGraph, m: &CostModel) -> Cost {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mirage_ugraph::{Accum, BinaryOp, DType, UnaryOp};
+    use mirage_ugraph::{Accum, DType};
 
     /// `P (norm(V_tile))` summed over the loop: with or without the norm of the streamed tile.
     fn pv(norm_v: bool) -> BlockGraph {
@@ -254,23 +254,14 @@ mod tests {
     }
 
     /// Split-KV attention's combine step over `splits` slices (4 rows of 64 per block), or
-    /// with a matmul in its loop when `matmul`.
+    /// with a matmul in its loop when `matmul` (`zoo::combine`).
     fn combine(splits: usize, matmul: bool) -> BlockGraph {
-        let mut bg = BlockGraph::new([2, 64, 1], [256, 1, 1], splits, 4).expect("grid");
-        let o = bg.new_input(&[2, 256, 64 * splits], DType::Float16, [0, 1, -1], 2).expect("o");
-        let m = bg.new_input(&[2, 256, splits], DType::Float16, [0, 1, -1], 2).expect("m");
-        let (mx, diff) = bg.reduction_max(m, 2).expect("max");
-        let d = bg.binary(BinaryOp::Sub, m, mx).expect("sub");
-        let e1 = bg.unary(UnaryOp::Exp, d).expect("exp");
-        let e2 = bg.unary(UnaryOp::Exp, diff).expect("exp");
-        let mut x = bg.binary(BinaryOp::Mul, o, e1).expect("mul");
-        if matmul {
-            let w = bg.new_input(&[2, 64, 64], DType::Float16, [0, -1, -1], -1).expect("w");
-            x = bg.matmul(x, w).expect("matmul");
-        }
-        let acc = bg.forloop_accum_rescale(x, e2, Accum::None).expect("acc");
-        bg.new_output(acc, [0, 1, -1], -1).expect("output");
-        bg
+        let g = mirage_ugraph::zoo::combine(splits, 256, DType::Float16, matmul).expect("zoo");
+        let graph = g.ops.into_iter().find_map(|op| match op.kind {
+            mirage_ugraph::KernelOpKind::Customized { graph } => Some(graph),
+            _ => None,
+        });
+        graph.expect("a customized op")
     }
 
     #[test]

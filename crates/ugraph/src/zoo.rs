@@ -256,6 +256,45 @@ pub fn ntrans(b: usize, n: usize, dt: DType) -> Result<Pair> {
     Ok(Pair { name: "ntrans".into(), reference: r, ugraph: g })
 }
 
+/// Split-KV attention's combine step alone: O `[2, 256, 64 splits]` and per-slice sums L and
+/// maxima M `[2, 256, splits]` (the slices an attention kernel wrote side by side) give per
+/// row the running max of the slices' maxima, the rescaled sums of O and L over a loop of
+/// `splits` and one division; the sum L is saved too (a tile of one value per row). With
+/// `matmul`, the rescaled O passes through a loop matmul with W `[2, 64, 64]` first (W is
+/// the fourth input), which takes the block graph off the element-wise form
+/// ([`BlockGraph::is_elementwise`]). Grid `[2, 64, 1]`: four rows per block.
+pub fn combine(splits: usize, threads: usize, dt: DType, matmul: bool) -> Result<KernelGraph> {
+    let mut g = KernelGraph::new();
+    let o = g.new_input(&[2, 256, 64 * splits], dt, None)?;
+    let l = g.new_input(&[2, 256, splits], dt, None)?;
+    let m = g.new_input(&[2, 256, splits], dt, None)?;
+    let mut tb = BlockGraph::new([2, 64, 1], [threads, 1, 1], splits, 4)?;
+    let to = tb.new_input(&[2, 256, 64 * splits], dt, [0, 1, -1], 2)?;
+    let tl = tb.new_input(&[2, 256, splits], dt, [0, 1, -1], 2)?;
+    let tm = tb.new_input(&[2, 256, splits], dt, [0, 1, -1], 2)?;
+    let (mx, diff) = tb.reduction_max(tm, 2)?;
+    let d = tb.binary(BinaryOp::Sub, tm, mx)?;
+    let e1 = tb.unary(UnaryOp::Exp, d)?;
+    let e2 = tb.unary(UnaryOp::Exp, diff)?;
+    let mut po = tb.binary(BinaryOp::Mul, to, e1)?;
+    let mut ins = vec![o, l, m];
+    if matmul {
+        ins.push(g.new_input(&[2, 64, 64], dt, None)?);
+        let tw = tb.new_input(&[2, 64, 64], dt, [0, -1, -1], -1)?;
+        po = tb.matmul(po, tw)?;
+    }
+    let pl = tb.binary(BinaryOp::Mul, tl, e1)?;
+    let ao = tb.forloop_accum_rescale(po, e2, Accum::None)?;
+    let al = tb.forloop_accum_rescale(pl, e2, Accum::None)?;
+    let out = tb.binary(BinaryOp::Div, ao, al)?;
+    tb.new_output(out, [0, 1, -1], -1)?;
+    tb.new_output(al, [0, 1, -1], -1)?;
+    for t in g.customized(&ins, tb)? {
+        g.mark_output(t, None)?;
+    }
+    Ok(g)
+}
+
 /// Every workload at the paper's shapes for batch `b` (mirage-facts section 6), in fp16.
 pub fn paper_workloads(b: usize) -> Result<Vec<Pair>> {
     let dt = DType::Float16;

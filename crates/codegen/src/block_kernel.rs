@@ -1094,7 +1094,7 @@ impl Ctx<'_> {
     /// (early trigger, spare SM slots), so the lines would wait in L2 for a whole kernel and
     /// the streaming kernels measured slower (RMSNorm+Linear b=1 15.6 -> 16.1-16.6 us with
     /// one to three stages; triggering the next launch after the loop instead, so that its
-    /// prefetches fall in this kernel's tail, did not pay either: b=8 16.9 -> 18.3 us).
+    /// prefetches fall in this kernel's tail, did not pay either: b=8 16.9 -> 18.4 us).
     /// Inputs an earlier kernel of the program computes are left out too.
     fn prefetches(&self, steps: &[(Section, Step)]) -> String {
         let mut s = String::new();
@@ -1122,10 +1122,7 @@ impl Ctx<'_> {
             wl!(s, "      }}");
             wl!(s, "    }}");
         }
-        if s.is_empty() {
-            return s;
-        }
-        format!("  {{ // L2 prefetch before the wait\n    constexpr int NT = {};\n    const int tid = mi::lin_tid();\n{s}  }}\n", self.nt)
+        s
     }
 
     #[allow(clippy::too_many_lines, clippy::too_many_arguments)]
@@ -1169,7 +1166,7 @@ impl Ctx<'_> {
         let two =
             self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt == 256 && wg.is_none_or(|(_, ks)| ks == 2);
         let bounds = if two { format!("{}, 2", self.nt) } else { self.nt.to_string() };
-        s.push_str(&kernel_open(&bounds, name, &params, &self.prefetches(steps)));
+        s.push_str(&kernel_open(&bounds, name, &params, self.nt, &self.prefetches(steps)));
         wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wg.is_some() { WG_ALIGN } else { 16 });
         wl!(s, "  constexpr int NT = {};", self.nt);
         wl!(s, "  const int tid = mi::lin_tid();");

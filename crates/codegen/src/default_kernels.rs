@@ -51,7 +51,7 @@ fn signature(name: &str, nt: usize, ins: &[&DevBuffer], out: &DevBuffer) -> Stri
     let mut p: Vec<String> =
         ins.iter().enumerate().map(|(k, b)| format!("const {}* __restrict__ in{k}", b.storage.cty())).collect();
     p.push(format!("{}* __restrict__ out0", out.storage.cty()));
-    kernel_open(&nt.to_string(), name, &p.join(", "), "")
+    kernel_open(&nt.to_string(), name, &p.join(", "), nt, "")
 }
 
 /// The element-wise op of an element-wise kernel.

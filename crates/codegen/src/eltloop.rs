@@ -129,7 +129,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         bg.block_dim,
         bg.forloop_range
     );
-    s.push_str(&kernel_open(&nt.to_string(), name, &params, ""));
+    s.push_str(&kernel_open(&nt.to_string(), name, &params, nt, ""));
     wl!(s, "  constexpr int NT = {nt};");
     wl!(s, "  const int tid = mi::lin_tid();");
     wl!(s, "  (void)tid;");

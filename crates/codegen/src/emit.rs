@@ -99,11 +99,20 @@ pub(crate) fn dev_offset(out_dims: &[usize], var: &str, in_dims: &[usize], in_st
 }
 
 /// The opening of a kernel: its signature (`bounds` as `__launch_bounds__`' arguments, `params`
-/// from [`kernel_params`]), `pre` (code that touches no memory but L2 prefetches) and the
-/// dependent-launch wait every generated kernel starts with (`mi::dep_enter`; see
-/// [`crate::program::KernelSpec::dep_wait`]).
-pub(crate) fn kernel_open(bounds: &str, name: &str, params: &str, pre: &str) -> String {
-    format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({params}) {{\n{pre}  mi::dep_enter();\n")
+/// from [`kernel_params`]), then `prefetches` (L2 prefetch statements over `NT` = `nt` threads
+/// and `tid`, which touch no memory), then the dependent-launch wait every generated kernel
+/// starts with (`mi::dep_enter`; see [`crate::program::KernelSpec::dep_wait`]).
+pub(crate) fn kernel_open(bounds: &str, name: &str, params: &str, nt: usize, prefetches: &str) -> String {
+    let mut s = format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({params}) {{\n");
+    if !prefetches.is_empty() {
+        wl!(s, "  {{ // L2 prefetch before the wait");
+        wl!(s, "    constexpr int NT = {nt};");
+        wl!(s, "    const int tid = mi::lin_tid();");
+        s.push_str(prefetches);
+        wl!(s, "  }}");
+    }
+    wl!(s, "  mi::dep_enter();");
+    s
 }
 
 /// The parameter list of a kernel reading `ins` and writing `outs`: `in0, in1, ..., out0, ...`

@@ -59,33 +59,6 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         bg.grid_dim,
         bg.block_dim
     );
-    // L2 prefetches of the graph inputs' tiles, before the dependent-launch wait (see
-    // `block_kernel`'s prefetches; nTrans b=8 2.86 -> 2.07 us, b=16 3.35 -> 2.29): one per
-    // chunk of 8.
-    let mut pre = String::new();
-    let mut k = 0;
-    for op in &bg.ops {
-        let BlockOpKind::Input { imap, forloop_dim, .. } = op.kind else { continue };
-        let dev = &ins[k];
-        if matches!(dev.location, BufferRef::Input(_)) {
-            let base = tile_base(bg, imap, forloop_dim, &dims, &dev.strides, Some("0"));
-            let off = dev_offset(&dims, "((unsigned)(tid + c * NT) * 8u)", &dims, &dev.strides);
-            wl!(pre, "#pragma unroll");
-            wl!(pre, "    for (int c = 0; c < {kc}; ++c) mi::prefetch_l2(in{k} + ({base}) + {off});");
-        }
-        k += 1;
-    }
-    if !pre.is_empty() {
-        pre = format!("  {{ // L2 prefetch before the wait\n    constexpr int NT = {nt};\n    const int tid = mi::lin_tid();\n{pre}  }}\n");
-    }
-    s.push_str(&kernel_open(&nt.to_string(), name, &params, &pre));
-    wl!(s, "  constexpr int NT = {nt};");
-    wl!(s, "  const int tid = mi::lin_tid();");
-    if norms > 0 {
-        // One partial sum per warp chunk (256 elements) per norm.
-        wl!(s, "  __shared__ float mi_part[{}][{}];", norms, n / 256);
-        wl!(s, "  const int lane = tid & 31, warp = tid >> 5;");
-    }
     // Chunk k of this thread starts at element e(k) = (tid + k * NT) * 8 of the tile.
     let chunk = |k: &str| format!("((unsigned)(tid + {k} * NT) * 8u)");
     // Element offset in device tensor `dev` of tile element `var`, and whether the 8 elements
@@ -98,6 +71,30 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             dev.strides[r - 1] == 1 && (0..r - 1).all(|d| dims[d] == 1 || (dev.strides[d] * es).is_multiple_of(16));
         (off, vec)
     };
+    // L2 prefetches of the graph inputs' tiles, before the dependent-launch wait (see
+    // `block_kernel`'s prefetches; nTrans b=8 2.86 -> 2.07 us, b=16 3.35 -> 2.29): one per
+    // chunk of 8.
+    let mut pre = String::new();
+    let maps = bg.ops.iter().filter_map(|op| match op.kind {
+        BlockOpKind::Input { imap, forloop_dim, .. } => Some((imap, forloop_dim)),
+        _ => None,
+    });
+    for (k, ((imap, fdim), dev)) in maps.zip(ins).enumerate() {
+        if matches!(dev.location, BufferRef::Input(_)) {
+            let base = tile_base(bg, imap, fdim, &dims, &dev.strides, Some("0"));
+            let off = elem(dev, &chunk("c")).0;
+            wl!(pre, "#pragma unroll");
+            wl!(pre, "    for (int c = 0; c < {kc}; ++c) mi::prefetch_l2(in{k} + ({base}) + {off});");
+        }
+    }
+    s.push_str(&kernel_open(&nt.to_string(), name, &params, nt, &pre));
+    wl!(s, "  constexpr int NT = {nt};");
+    wl!(s, "  const int tid = mi::lin_tid();");
+    if norms > 0 {
+        // One partial sum per warp chunk (256 elements) per norm.
+        wl!(s, "  __shared__ float mi_part[{}][{}];", norms, n / 256);
+        wl!(s, "  const int lane = tid & 31, warp = tid >> 5;");
+    }
     // The block that copies this thread's chunks between device tensor `dev` (pointer `ptr`)
     // and registers: `vec_copy(offset)` copies a chunk (16-byte accesses when `vec`),
     // `elem_copy(offset)` element `q` of it (layouts whose chunks are not contiguous).

@@ -495,6 +495,7 @@ def run_cell(w: Workload, b: int, seed: int, args: argparse.Namespace, l2: int) 
             "selection": sel.get("method"),
             "profiled_us": (sel.get("timings_us") or {}).get(winner.get("hash")),
             "candidates_considered": best.candidates_considered,
+            "profile_phase_s": sel.get("phase_seconds"),
             "customized_kernels": winner.get("customized_kernels"),
             "winner_hash": winner.get("hash"),
             "stopped": st.get("stopped"),

@@ -39,6 +39,9 @@ def test_rmsnorm_linear_profiled_on_the_gpu(tmp_path, capsys):
     assert best.candidates_considered >= 1
     assert st["winner"]["hash"] in sel["timings_us"]
     assert all(t > 0 for t in sel["timings_us"].values())
+    # Where the profiling's wall time went (compiling, input sets, timing).
+    assert set(sel["phase_seconds"]) == {"compile", "inputs", "timing"}, sel
+    assert all(s >= 0 for s in sel["phase_seconds"].values())
     assert "us (" in err  # per-candidate timings printed in verbose mode
     assert list((tmp_path / "codes").glob("*.cu"))
     gen = torch.Generator().manual_seed(0)

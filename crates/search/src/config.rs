@@ -34,7 +34,8 @@ pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
 /// How final candidates are checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VerifyOptions {
-    /// Check at most this many candidates, cheapest first (the rest stay `NotChecked`).
+    /// Check candidates (in the order `spread` chooses) until this many pass as numerically
+    /// stable; unstable ones met on the way are kept beside them (the rest stay `NotChecked`).
     pub top_n: usize,
     /// Random output boxes compared per candidate.
     pub trials: usize,
@@ -82,9 +83,11 @@ pub struct SearchConfig {
     pub fmaps: Option<Vec<i64>>,
     /// For-loop ranges to try (reference `franges`); default `{1, 4, 16, 64}` (1 = no loop).
     pub franges: Option<Vec<usize>>,
-    /// Blocks per grid axis that generated grids use (besides splitting a small index fully).
+    /// Blocks per grid axis that generated grids use (an index of one of these sizes may be
+    /// split fully, one block per value).
     pub grid_sizes: Vec<usize>,
-    /// An index of at most this size may also be split fully (one block per index value).
+    /// An index of at most this size may also be split fully (one block per index value),
+    /// whether or not its size is in `grid_sizes`.
     pub max_full_split: usize,
     /// Most grid axes of size > 1.
     pub max_grid_axes: usize,

@@ -233,7 +233,7 @@ pub(crate) fn count_plans(env: &Env<'_>, inputs: &[TensorInfo], mode: Mode<'_>) 
 
 fn size_options(env: &Env<'_>, s: usize) -> Vec<usize> {
     let mut v: Vec<usize> =
-        env.cfg.grid_sizes.iter().copied().filter(|&g| g > 1 && g < s && s.is_multiple_of(g)).collect();
+        env.cfg.grid_sizes.iter().copied().filter(|&g| g > 1 && g <= s && s.is_multiple_of(g)).collect();
     if s > 1 && s <= env.cfg.max_full_split {
         v.push(s);
     }

@@ -12,7 +12,7 @@
 //! `exp` accumulated in fp16) are replaced by their online-softmax rewrite
 //! ([`crate::online_softmax`]) when the rewrite checks as stable (`SearchConfig::online_softmax`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,7 +85,7 @@ pub struct SearchStats {
 /// The result of [`superoptimize`].
 #[derive(Debug, Clone)]
 pub struct SearchResult {
-    /// Candidates, cheapest first by the cost model; the cheapest `VerifyOptions::top_n` are
+    /// Candidates, cheapest first by the cost model; `VerifyOptions::top_n` stable ones are
     /// checked (see [`Candidate::verification`]), candidates that failed are dropped.
     pub candidates: Vec<Candidate>,
     /// Statistics.
@@ -258,9 +258,7 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig) -> Result<SearchResult> {
 
     let mut candidates = build_candidates(reference, &ctx, &specs)?;
     let total = candidates.len();
-    let (verified, failed) = verify_all(reference, cfg, &ctl, &mut candidates);
-    let online_softmax_rewrites =
-        if cfg.online_softmax { stabilize_online_softmax(reference, cfg, &ctl, &mut candidates) } else { 0 };
+    let (verified, failed, online_softmax_rewrites) = verify_all(reference, cfg, &ctl, &mut candidates);
     let c = &ctl.counters;
     let stats = SearchStats {
         states_visited: c.states.load(Relaxed),
@@ -510,6 +508,16 @@ fn build_candidates(reference: &KernelGraph, ctx: &Ctx<'_>, specs: &[Vec<KStep>]
     Ok(all)
 }
 
+/// Order of preference among checks of the same graph: passed, unstable, not checked, failed.
+fn check_rank(v: &Verification) -> u8 {
+    match v {
+        Verification::Passed => 0,
+        Verification::Unstable(_) => 1,
+        Verification::NotChecked => 2,
+        Verification::Failed(_) => 3,
+    }
+}
+
 /// Sorts candidates cheapest first (ties by launches, shared memory, hash) and drops repeats.
 fn sort_dedup(all: &mut Vec<Candidate>) {
     all.sort_by(|a, b| {
@@ -519,54 +527,31 @@ fn sort_dedup(all: &mut Vec<Candidate>) {
             .then(a.cost.launches.cmp(&b.cost.launches))
             .then(a.cost.shared_memory.cmp(&b.cost.shared_memory))
             .then(a.hash.cmp(&b.hash))
+            .then(check_rank(&a.verification).cmp(&check_rank(&b.verification)))
     });
+    // Of equal graphs (a rewrite can equal another candidate) the best-checked one stays.
     all.dedup_by(|a, b| a.hash == b.hash);
 }
 
-/// Replaces every [`Verification::Unstable`] candidate that contains `exp` by its online-softmax
-/// rewrite when the rewrite checks as [`Verification::Passed`] (equivalent and stable in its own
-/// precision); then re-sorts and deduplicates. Returns how many were replaced.
-fn stabilize_online_softmax(
-    reference: &KernelGraph,
-    cfg: &SearchConfig,
-    ctl: &Control,
-    cands: &mut Vec<Candidate>,
-) -> usize {
-    if ctl.cancelled() {
-        return 0;
-    }
-    let mut todo: Vec<usize> = (0..cands.len())
-        .filter(|&i| matches!(cands[i].verification, Verification::Unstable(_)) && has_exp(&cands[i].graph))
-        .collect();
-    // Past the time budget's grace: the cheapest few only (the candidates are in cost order).
-    if ctl.past_grace() {
-        todo.truncate(rayon::current_num_threads());
-    }
-    let rewritten: Vec<Option<Candidate>> = todo
-        .par_iter()
-        .map(|&i| {
-            let g = rewrite_online_softmax(&cands[i].graph)?;
-            let v = verify_candidate(reference, &g, &cfg.verify);
-            (v == Verification::Passed).then(|| Candidate {
-                cost: kernel_graph_cost(&g, &cfg.cost_model),
-                hash: graph_hash(&g),
-                customized_kernels: cands[i].customized_kernels,
-                graph: g,
-                verification: v,
-            })
-        })
-        .collect();
-    let mut replaced = 0;
-    for (&i, new) in todo.iter().zip(rewritten) {
-        if let Some(c) = new {
-            cands[i] = c;
-            replaced += 1;
+/// Checks one candidate. An equivalent but unstable one that contains `exp` is replaced by its
+/// online-softmax rewrite ([`rewrite_online_softmax`]) when `online_softmax` is set and the
+/// rewrite checks as [`Verification::Passed`] (equivalent and stable in its own precision).
+fn check_candidate(reference: &KernelGraph, cfg: &SearchConfig, c: &Candidate) -> Candidate {
+    let v = verify_candidate(reference, &c.graph, &cfg.verify);
+    if matches!(v, Verification::Unstable(_)) && cfg.online_softmax && has_exp(&c.graph) {
+        if let Some(g) = rewrite_online_softmax(&c.graph) {
+            if verify_candidate(reference, &g, &cfg.verify) == Verification::Passed {
+                return Candidate {
+                    cost: kernel_graph_cost(&g, &cfg.cost_model),
+                    hash: graph_hash(&g),
+                    customized_kernels: c.customized_kernels,
+                    graph: g,
+                    verification: Verification::Passed,
+                };
+            }
         }
     }
-    if replaced > 0 {
-        sort_dedup(cands);
-    }
-    replaced
+    Candidate { verification: v, ..c.clone() }
 }
 
 /// Whether any kernel or block op of `g` is `exp`.
@@ -666,20 +651,25 @@ fn main_launch(g: &KernelGraph, m: &CostModel) -> Option<(usize, usize, usize)> 
 
 /// How far above the cheapest candidate's modelled cost a new main shape is still checked
 /// before the launch-shape variants (see [`check_order`]).
-const MAIN_SHAPE_REACH: f64 = 2.0;
+const MAIN_SHAPE_REACH: f64 = 4.0;
+
+/// Most launch-shape variants of one main shape (its other kernels' shapes) checked before
+/// the rest (see [`check_order`]).
+const VARIANTS_PER_MAIN: usize = 6;
 
 /// The order in which candidates are checked. With `spread`: the cheapest candidate of each
 /// distinct structure (loop ranges of the customized kernels, predefined ops), by cost; then,
 /// taking one of each in turn, the cheapest of each distinct main shape (the structure and
 /// the launch shape of its costliest kernel) within [`MAIN_SHAPE_REACH`] of the cheapest cost
-/// and the cheapest of each distinct launch shape (every kernel's), each list by cost; then
-/// the rest. Without `spread`: launch shapes, then the rest. The cost model ranks shapes only
-/// roughly (loop latency, occupancy, which operands the generated code can stream), so the
-/// verified set, which a GPU then times, spans structures and main-kernel shapes as well as
-/// variants of the model's favourite (one attention kernel with each shape of its small
-/// combine kernel).
+/// and the cheapest of each distinct launch shape (every kernel's), at most
+/// [`VARIANTS_PER_MAIN`] per main shape, each list by cost; then the rest. Without `spread`:
+/// launch shapes, then the rest. The cost model ranks shapes only roughly (loop latency,
+/// occupancy, which operands the generated code can stream), so the verified set, which a GPU
+/// then times, spans structures and main-kernel shapes as well as a few variants of each
+/// (one attention kernel with several shapes of its small combine kernel).
 fn check_order(cands: &[Candidate], spread: bool, m: &CostModel) -> Vec<usize> {
     let (mut structures, mut mains, mut shapes) = (HashSet::new(), HashSet::new(), HashSet::new());
+    let mut variants: HashMap<_, usize> = HashMap::new();
     let reach = cands.first().map_or(0.0, |c| c.cost.est_us * MAIN_SHAPE_REACH);
     let mut tiers: [Vec<usize>; 4] = Default::default();
     for (i, c) in cands.iter().enumerate() {
@@ -692,15 +682,20 @@ fn check_order(cands: &[Candidate], spread: bool, m: &CostModel) -> Vec<usize> {
             } else {
                 3
             }
-        } else if structures.insert(structure.clone()) {
-            mains.insert((structure, main_launch(&c.graph, m)));
-            0
-        } else if c.cost.est_us <= reach && mains.insert((structure, main_launch(&c.graph, m))) {
-            1
-        } else if new_shape {
-            2
         } else {
-            3
+            let main = (structure.clone(), main_launch(&c.graph, m));
+            let n = variants.entry(main.clone()).or_insert(0);
+            *n += usize::from(new_shape);
+            if structures.insert(structure) {
+                mains.insert(main);
+                0
+            } else if c.cost.est_us <= reach && mains.insert(main) {
+                1
+            } else if new_shape && *n <= VARIANTS_PER_MAIN {
+                2
+            } else {
+                3
+            }
         };
         tiers[tier].push(i);
     }
@@ -717,39 +712,49 @@ fn check_order(cands: &[Candidate], spread: bool, m: &CostModel) -> Vec<usize> {
     order
 }
 
-/// Checks candidates in [`check_order`] until `top_n` pass (or four times as many were tried);
-/// drops the failures, keeping the cheapest-first order. Returns (passed, failed).
+/// Checks candidates in [`check_order`] until `top_n` distinct ones pass as stable
+/// ([`Verification::Passed`], directly or through their online-softmax rewrite, see
+/// [`check_candidate`]), or twice as many were found equivalent, or four times as many were
+/// tried. Unstable ones do not count towards `top_n`: they are kept only as the fallback when
+/// nothing stable exists, and a GPU profiles only stable ones. Drops the failures and re-sorts
+/// cheapest first. Returns (equivalent, failed, online-softmax rewrites).
 fn verify_all(
     reference: &KernelGraph,
     cfg: &SearchConfig,
     ctl: &Control,
     cands: &mut Vec<Candidate>,
-) -> (usize, usize) {
+) -> (usize, usize, usize) {
     let want = cfg.verify.top_n;
     let order = check_order(cands, cfg.verify.spread, &cfg.cost_model);
-    let (mut passed, mut failed, mut next) = (0, 0, 0);
-    while passed < want && next < order.len() && next < 4 * want.max(1) && !ctl.cancelled() {
-        // When the time budget cut the search, a batch per thread; past the budget's grace,
-        // only until one passes.
-        if passed > 0 && ctl.past_grace() {
+    let (mut stable, mut unstable, mut failed, mut rewrites, mut next) = (0, 0, 0, 0, 0);
+    let mut seen: HashSet<String> = HashSet::new();
+    while stable < want && stable + unstable < 2 * want && next < order.len() && next < 4 * want.max(1) {
+        if ctl.cancelled() || (stable + unstable > 0 && ctl.past_grace()) {
             break;
         }
+        // When the time budget cut the search, a batch per thread; past the budget's grace,
+        // only until one passes.
         let cut = ctl.reason() == Some(StopReason::TimeBudget);
-        let batch = if cut { rayon::current_num_threads().min(want - passed) } else { want - passed };
+        let batch = if cut { rayon::current_num_threads().min(want - stable) } else { want - stable };
         let end = (next + batch).min(order.len());
         let idx = &order[next..end];
-        let results: Vec<Verification> =
-            idx.par_iter().map(|&i| verify_candidate(reference, &cands[i].graph, &cfg.verify)).collect();
-        for (&i, v) in idx.iter().zip(results) {
-            if v.passed() {
-                passed += 1;
-            } else {
-                failed += 1;
+        let checked: Vec<Candidate> = idx.par_iter().map(|&i| check_candidate(reference, cfg, &cands[i])).collect();
+        for (&i, c) in idx.iter().zip(checked) {
+            match &c.verification {
+                Verification::Passed => {
+                    rewrites += usize::from(c.hash != cands[i].hash);
+                    stable += usize::from(seen.insert(c.hash.clone()));
+                }
+                Verification::Unstable(_) => unstable += 1,
+                _ => failed += 1,
             }
-            cands[i].verification = v;
+            cands[i] = c;
         }
         next = end;
     }
     cands.retain(|c| !matches!(c.verification, Verification::Failed(_)));
-    (passed, failed)
+    if rewrites > 0 {
+        sort_dedup(cands);
+    }
+    (stable + unstable, failed, rewrites)
 }

@@ -99,3 +99,29 @@ fn qknorm_norms_inside_the_attention_kernels() {
     let norms: usize = kernels(&g).iter().map(|k| k.ops.iter().filter(|o| is_norm(&o.kind)).count()).sum();
     assert_eq!(norms, 2, "both norms run inside the kernels: {}", describe(&g));
 }
+
+#[test]
+fn an_index_of_a_grid_size_is_split_fully() {
+    // 128 heads (above `max_full_split`, one of `grid_sizes`): one block per head is offered,
+    // as MHA at b = 8 (256 heads) wants one head per block to fill the GPU twice over.
+    let a = zoo::Attn { b: 128, h: 16, d: 16, s: 256, splits: 1, frange: 4, qsplit: 1 };
+    let p = zoo::attention(a, false, mirage_ugraph::DType::Float16).expect("zoo");
+    let cfg = SearchConfig { franges: Some(vec![4]), ..SearchConfig::default() };
+    assert!(cfg.max_full_split < 128 && cfg.grid_sizes.contains(&128));
+    let r = superoptimize(&p.reference, &cfg).expect("search runs");
+    // A kernel whose grid x holds one head each: the head dim of its inputs is split 128 ways.
+    let one_head_per_block = |bg: &mirage_ugraph::BlockGraph| {
+        bg.grid_dim[0] == 128
+            && bg
+                .ops
+                .iter()
+                .any(|o| matches!(&o.kind, BlockOpKind::Input { dims, imap, .. } if dims[0] == 128 && imap[0] == 0))
+    };
+    let found = r.candidates.iter().any(|c| {
+        c.graph.ops.iter().any(|o| match &o.kind {
+            mirage_ugraph::KernelOpKind::Customized { graph } => one_head_per_block(graph),
+            _ => false,
+        })
+    });
+    assert!(found, "no kernel with one block per head among {} candidates", r.candidates.len());
+}

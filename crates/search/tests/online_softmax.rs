@@ -5,7 +5,7 @@
 mod common;
 
 use common::{describe, kernels};
-use mirage_search::{rewrite_online_softmax, superoptimize, SearchConfig, Verification};
+use mirage_search::{rewrite_online_softmax, superoptimize, SearchConfig, Verification, VerifyOptions};
 use mirage_ugraph::zoo::{self, Attn};
 use mirage_ugraph::{graph_hash, run, Accum, BlockGraph, BlockOpKind, DType, KernelGraph, Tensor};
 use mirage_verify::{equivalent, Half, Numerics, Options, Verdict};
@@ -268,6 +268,25 @@ fn rewriting_in_the_search_is_deterministic() {
     };
     assert_eq!(key(&one), key(&three));
     assert_eq!(one.best().map(|c| &c.verification), Some(&Verification::Passed));
+}
+
+#[test]
+fn unstable_candidates_do_not_fill_the_verification_slots() {
+    // A GPU profiles only stable candidates, so the search checks until `top_n` of them passed
+    // (rewritten or not); the unstable ones it meets (plain exp, no rewrite) are kept beside.
+    let a = Attn { b: 2, h: 16, d: 32, s: 256, splits: 4, frange: 2, qsplit: 1 };
+    let p = zoo::attention(a, false, DType::Float16).expect("zoo");
+    let top_n = 6;
+    let verify = VerifyOptions { top_n, spread: true, ..VerifyOptions::default() };
+    let cfg = SearchConfig { franges: Some(vec![2, 4]), verify, ..SearchConfig::default() };
+    let r = superoptimize(&p.reference, &cfg).expect("search runs");
+    let count = |f: fn(&Verification) -> bool| r.candidates.iter().filter(|c| f(&c.verification)).count();
+    let stable = count(|v| *v == Verification::Passed);
+    let unstable = count(|v| matches!(v, Verification::Unstable(_)));
+    assert!(unstable > 0, "the check met no unstable candidate: {:?}", r.stats);
+    assert_eq!(stable, top_n, "{unstable} unstable; {:?}", r.stats);
+    assert_eq!(r.stats.verified, stable + unstable);
+    assert!(r.stats.online_softmax_rewrites > 0, "{:?}", r.stats);
 }
 
 /// Flash decoding as in `zoo::attention`, with kernel 1's post-exp op and kernel 2's merge op

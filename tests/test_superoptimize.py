@@ -227,6 +227,24 @@ def test_restrictions_are_honoured(cache):
         assert k["grid_dim"] == [16, 1, 1] and k["forloop_range"] == 16
 
 
+def test_preset_loop_ranges_yield_to_the_users(cache):
+    g = rmsnorm_linear()
+
+    def searched_franges() -> list[int]:
+        (path,) = cache.glob("*.json")
+        franges = json.loads(path.read_text())["settings"]["franges"]
+        path.unlink()
+        return franges
+
+    g.superoptimize(backend="cpu", cache_dir=cache, config="attention")
+    assert searched_franges() == [1, 4, 16, 32, 64]
+    best = g.superoptimize(backend="cpu", cache_dir=cache, config="attention", franges=[16])
+    assert searched_franges() == [16]
+    ops = json.loads(best.to_json())["graph"]["ops"]
+    loops = {o["kind"]["graph"]["forloop_range"] for o in ops if o["kind"]["kind"] == "customized"}
+    assert loops == {16}, best.to_json()
+
+
 def test_time_budget_is_respected(cache):
     # Without abstract-expression pruning the search would run for minutes.
     g = rmsnorm_linear()

@@ -53,8 +53,14 @@ PRESETS: dict[str | None, dict[str, Any]] = {
     None: {},
     # Attention needs two kernels (e.g. flash decoding: partial results, then a reduction).
     # Its split-KV online-softmax block graph has 10 ops; QK-norm attention adds a norm of Q
-    # and one of V, and writes the running max for the reduction: 13.
-    "attention": {"max_kernel_ops": 2, "max_customized_ops": 2, "max_block_ops": 13},
+    # and one of V, and writes the running max for the reduction: 13. Loop range 32 adds
+    # 128-key tiles (at 4096 keys) between the default 64 and 256 (a user's ``franges`` wins).
+    "attention": {
+        "max_kernel_ops": 2,
+        "max_customized_ops": 2,
+        "max_block_ops": 13,
+        "franges": [1, 4, 16, 32, 64],
+    },
     # Gated MLP and LoRA fuse into one customized kernel (the paper's µGraphs).
     "mlp": {"max_kernel_ops": 2, "max_customized_ops": 1},
     "lora": {"max_kernel_ops": 2, "max_customized_ops": 1},
@@ -504,7 +510,12 @@ def superoptimize(
         num_threads = _count("num_threads", num_threads, 1)
     checkpoint = _path("previous_checkpoint", previous_checkpoint)
     folder = _path("cache_dir", cache_dir)
-    settings.update(_resolve_config(config))
+    for key, value in _resolve_config(config).items():
+        # A preset's loop ranges are a default; the user's ``franges`` argument wins.
+        if key == "franges":
+            settings.setdefault(key, value)
+        else:
+            settings[key] = value
     if "shared_memory_limit" not in settings:
         limit = _device_smem_limit(backend)
         if limit is not None:

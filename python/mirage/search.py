@@ -79,8 +79,7 @@ CONFIG_KEYS: dict[str, type] = {
 }
 
 _BACKENDS = ("cuda", "cpu")
-#: Candidates verified as stable when a GPU profiles them (in the search's check order); the
-#: PROFILE_TOP_N cheapest of those are compiled and timed.
+#: Candidates verified as stable when a GPU profiles them (in the search's check order).
 _GPU_TOP_N = 48
 _CACHE_FORMAT = "mirage-rs/search-result"
 _CACHE_VERSION = 14
@@ -402,7 +401,7 @@ def _profile(
     warmup: int,
     iters: int,
     verbose: bool,
-) -> tuple[int | None, dict[str, float], dict[str, str]]:
+) -> tuple[int | None, dict[str, float], dict[str, str], dict[str, float]]:
     """Compiles ``graphs`` in parallel and times them; returns (index of the fastest, median
     microseconds per hash, skip reason per hash, wall seconds per phase)."""
 
@@ -510,12 +509,10 @@ def superoptimize(
         num_threads = _count("num_threads", num_threads, 1)
     checkpoint = _path("previous_checkpoint", previous_checkpoint)
     folder = _path("cache_dir", cache_dir)
+    # The config's settings (a preset's loop ranges among them) are defaults: the explicit
+    # arguments above (``franges``) win.
     for key, value in _resolve_config(config).items():
-        # A preset's loop ranges are a default; the user's ``franges`` argument wins.
-        if key == "franges":
-            settings.setdefault(key, value)
-        else:
-            settings[key] = value
+        settings.setdefault(key, value)
     if "shared_memory_limit" not in settings:
         limit = _device_smem_limit(backend)
         if limit is not None:

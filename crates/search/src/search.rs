@@ -533,25 +533,24 @@ fn sort_dedup(all: &mut Vec<Candidate>) {
     all.dedup_by(|a, b| a.hash == b.hash);
 }
 
-/// Checks one candidate. An equivalent but unstable one that contains `exp` is replaced by its
-/// online-softmax rewrite ([`rewrite_online_softmax`]) when `online_softmax` is set and the
-/// rewrite checks as [`Verification::Passed`] (equivalent and stable in its own precision).
-fn check_candidate(reference: &KernelGraph, cfg: &SearchConfig, c: &Candidate) -> Candidate {
+/// Checks one candidate: its verification, and, for an equivalent but unstable one that
+/// contains `exp`, its online-softmax rewrite ([`rewrite_online_softmax`]) when
+/// `online_softmax` is set and the rewrite checks as [`Verification::Passed`] (equivalent and
+/// stable in its own precision), to take its place.
+fn check_candidate(reference: &KernelGraph, cfg: &SearchConfig, c: &Candidate) -> (Verification, Option<Candidate>) {
     let v = verify_candidate(reference, &c.graph, &cfg.verify);
-    if matches!(v, Verification::Unstable(_)) && cfg.online_softmax && has_exp(&c.graph) {
-        if let Some(g) = rewrite_online_softmax(&c.graph) {
-            if verify_candidate(reference, &g, &cfg.verify) == Verification::Passed {
-                return Candidate {
-                    cost: kernel_graph_cost(&g, &cfg.cost_model),
-                    hash: graph_hash(&g),
-                    customized_kernels: c.customized_kernels,
-                    graph: g,
-                    verification: Verification::Passed,
-                };
-            }
-        }
-    }
-    Candidate { verification: v, ..c.clone() }
+    let rewrite = (matches!(v, Verification::Unstable(_)) && cfg.online_softmax && has_exp(&c.graph))
+        .then(|| rewrite_online_softmax(&c.graph))
+        .flatten()
+        .filter(|g| verify_candidate(reference, g, &cfg.verify) == Verification::Passed)
+        .map(|g| Candidate {
+            cost: kernel_graph_cost(&g, &cfg.cost_model),
+            hash: graph_hash(&g),
+            customized_kernels: c.customized_kernels,
+            graph: g,
+            verification: Verification::Passed,
+        });
+    (v, rewrite)
 }
 
 /// Whether any kernel or block op of `g` is `exp`.
@@ -738,17 +737,19 @@ fn verify_all(
         let batch = if cut { rayon::current_num_threads().min(want - stable) } else { want - stable };
         let end = (next + batch).min(order.len());
         let idx = &order[next..end];
-        let checked: Vec<Candidate> = idx.par_iter().map(|&i| check_candidate(reference, cfg, &cands[i])).collect();
-        for (&i, c) in idx.iter().zip(checked) {
-            match &c.verification {
-                Verification::Passed => {
-                    rewrites += usize::from(c.hash != cands[i].hash);
-                    stable += usize::from(seen.insert(c.hash.clone()));
-                }
+        let checked: Vec<_> = idx.par_iter().map(|&i| check_candidate(reference, cfg, &cands[i])).collect();
+        for (&i, (v, rewrite)) in idx.iter().zip(checked) {
+            if let Some(new) = rewrite {
+                rewrites += 1;
+                cands[i] = new;
+            } else {
+                cands[i].verification = v;
+            }
+            match cands[i].verification {
+                Verification::Passed => stable += usize::from(seen.insert(cands[i].hash.clone())),
                 Verification::Unstable(_) => unstable += 1,
                 _ => failed += 1,
             }
-            cands[i] = c;
         }
         next = end;
     }

@@ -236,8 +236,9 @@ def test_preset_loop_ranges_yield_to_the_users(cache):
         path.unlink()
         return franges
 
-    g.superoptimize(backend="cpu", cache_dir=cache, config="attention")
-    assert searched_franges() == [1, 4, 16, 32, 64]
+    for preset in ("attention", "mlp"):
+        g.superoptimize(backend="cpu", cache_dir=cache, config=preset)
+        assert searched_franges() == [1, 4, 16, 32, 64], preset
     best = g.superoptimize(backend="cpu", cache_dir=cache, config="attention", franges=[16])
     assert searched_franges() == [16]
     ops = json.loads(best.to_json())["graph"]["ops"]

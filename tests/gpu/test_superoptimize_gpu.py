@@ -72,3 +72,20 @@ def test_cpu_backend_on_a_gpu_machine_uses_the_cost_model(tmp_path):
     xd = x.double()
     ref = (xd / xd.square().mean(-1, keepdim=True).sqrt()) @ w.double()
     assert _rel(out, ref) < 1e-2
+
+
+def test_profiling_stops_a_candidate_far_behind_the_fastest():
+    from mirage import _cuda
+    from mirage.search import _input_sets, _time_one
+
+    g = _rmsnorm_linear(8, 512, 512)
+    exe = _cuda.executable(g, 0)
+    sets = _input_sets(g, 0)
+    us, how = _time_one(exe, sets, 2, 200)
+    assert how == "cuda graph" and us > 0
+    # Slower than the bound at the first replay: that replay's time, no further launches.
+    fast, how = _time_one(exe, sets, 2, 200, bound=us / 100)
+    assert how == "stopped early" and fast > us / 100
+    # Within the bound: timed in full.
+    _, how = _time_one(exe, sets, 2, 200, bound=us * 100)
+    assert how == "cuda graph"

@@ -84,7 +84,8 @@ pub struct SearchConfig {
     /// For-loop ranges to try (reference `franges`); default `{1, 4, 16, 64}` (1 = no loop).
     pub franges: Option<Vec<usize>>,
     /// Blocks per grid axis that generated grids use (an index of one of these sizes may be
-    /// split fully, one block per value).
+    /// split fully, one block per value). Besides powers of two, 96 and 192: an index of
+    /// 3 * 2^k (768, 3072, 6144 columns) then gets a grid of about one wave of an H100's 132 SMs.
     pub grid_sizes: Vec<usize>,
     /// An index of at most this size may also be split fully (one block per index value),
     /// whether or not its size is in `grid_sizes`.
@@ -137,7 +138,7 @@ impl Default for SearchConfig {
             omaps: None,
             fmaps: None,
             franges: None,
-            grid_sizes: vec![4, 8, 16, 32, 64, 128, 256],
+            grid_sizes: vec![4, 8, 16, 32, 64, 96, 128, 192, 256],
             max_full_split: 64,
             max_grid_axes: 3,
             max_blocks: 4096,

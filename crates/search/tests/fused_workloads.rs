@@ -125,3 +125,41 @@ fn an_index_of_a_grid_size_is_split_fully() {
     });
     assert!(found, "no kernel with one block per head among {} candidates", r.candidates.len());
 }
+
+/// Whether any customized kernel of any candidate satisfies `pred`.
+fn any_block_graph(r: &mirage_search::SearchResult, pred: impl Fn(&mirage_ugraph::BlockGraph) -> bool) -> bool {
+    r.candidates.iter().any(|c| {
+        c.graph.ops.iter().any(|o| match &o.kind {
+            mirage_ugraph::KernelOpKind::Customized { graph } => pred(graph),
+            _ => false,
+        })
+    })
+}
+
+#[test]
+fn a_small_loop_free_grid_also_gets_wide_blocks() {
+    // nTrans at one row: one block, no loop. It is latency-bound, and 512 threads ran it in
+    // 1.9 µs on an H100 against 2.7 µs with 256, so the default block shapes gain 512 there.
+    let p = zoo::ntrans(1, 4096, mirage_ugraph::DType::Float16).expect("zoo");
+    let wide = |bg: &mirage_ugraph::BlockGraph| bg.block_dim[0] == 512 && bg.forloop_range == 1;
+    let r = superoptimize(&p.reference, &SearchConfig::default()).expect("search runs");
+    assert!(any_block_graph(&r, wide), "no 512-thread block among {} candidates", r.candidates.len());
+    // Block shapes the user names are kept as given.
+    let cfg = SearchConfig { blockdims: Some(vec![[128, 1, 1]]), ..SearchConfig::default() };
+    let r = superoptimize(&p.reference, &cfg).expect("search runs");
+    assert!(!r.candidates.is_empty());
+    assert!(!any_block_graph(&r, |bg| bg.block_dim[0] != 128), "a block shape the user did not name");
+}
+
+#[test]
+fn an_index_of_three_times_a_power_of_two_gets_a_one_wave_grid() {
+    // 6144 columns: 96 blocks of 64 columns (one wave on 132 SMs) besides the powers of two.
+    let p = zoo::rmsnorm_linear(2, 256, 6144, 128, 4, mirage_ugraph::DType::Float16).expect("zoo");
+    let cfg = SearchConfig { franges: Some(vec![4]), ..SearchConfig::default() };
+    let r = superoptimize(&p.reference, &cfg).expect("search runs");
+    assert!(
+        any_block_graph(&r, |bg| bg.grid_dim[0] == 96 || bg.grid_dim[1] == 96),
+        "no 96-block grid among {} candidates",
+        r.candidates.len()
+    );
+}

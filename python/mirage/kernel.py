@@ -360,15 +360,15 @@ class KNGraph:
           ``fmaps``: allowed for-loop dims (-1: not iterated); ``franges``: loop ranges to try.
         * ``config``: ``"attention"`` (up to 2 customized kernels, loop ranges 1, 4, 16, 32
           and 64 unless ``franges`` is given), ``"mlp"`` (one customized kernel, the same loop
-          ranges), ``"lora"`` (one customized kernel),
-          ``None`` (the search's defaults), or a dict of advanced settings
-          (``mirage.search.CONFIG_KEYS``, e.g. ``{"preset": "mlp", "max_block_ops": 9}``).
+          ranges), ``"lora"`` (one customized kernel), ``None`` (the search's defaults), or a
+          dict of advanced settings (``mirage.search.CONFIG_KEYS``, e.g.
+          ``{"preset": "mlp", "max_block_ops": 9}``).
         * ``backend="cuda"``: with a CUDA device, up to 48 candidates verified as numerically
           stable (spread over structures and launch shapes) are compiled and timed
           (``warmup_iters`` warm-up launches, ``profile_iters`` timed ones, median) and the
           fastest is returned (a candidate whose first timed replay is over twice the fastest
-          so far is not timed further); without one (or ``backend="cpu"``), the cheapest by the cost
-          model among verified candidates.
+          so far is not timed further); without one (or ``backend="cpu"``), the cheapest by
+          the cost model among verified candidates.
         * ``use_cached_graphs``: reuse the result of an identical earlier search, stored as JSON
           in ``cache_dir`` (default ``$MIRAGE_CACHE_DIR/search`` or
           ``~/.cache/mirage-rs/search``), keyed by graph hash and search settings.

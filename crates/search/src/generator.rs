@@ -301,14 +301,15 @@ fn plans(env: &Env<'_>, inputs: &[TensorInfo], mode: Mode<'_>) -> Vec<Plan> {
                     _ => None,
                 })
                 .unwrap_or(64);
-            for &block in &env.blockdims {
-                out.push(Plan { grid, axis, block, frange, loop_label, dimx, inputs: ins.clone() });
-            }
             // A loop-free kernel of few blocks is latency-bound: more threads per block put
             // more loads in flight (nTrans at one row: 1.9 µs with 512 threads, 2.7 µs with 256).
             let blocks: usize = grid.iter().product();
-            if cfg.blockdims.is_none() && frange == 1 && blocks <= SMALL_GRID_BLOCKS {
-                let block = [WIDE_BLOCK_THREADS, 1, 1];
+            let wide = (cfg.blockdims.is_none() && frange == 1 && blocks <= SMALL_GRID_BLOCKS).then_some([
+                WIDE_BLOCK_THREADS,
+                1,
+                1,
+            ]);
+            for block in env.blockdims.iter().copied().chain(wide) {
                 out.push(Plan { grid, axis, block, frange, loop_label, dimx, inputs: ins.clone() });
             }
         }

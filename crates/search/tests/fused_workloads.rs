@@ -117,23 +117,16 @@ fn an_index_of_a_grid_size_is_split_fully() {
                 .iter()
                 .any(|o| matches!(&o.kind, BlockOpKind::Input { dims, imap, .. } if dims[0] == 128 && imap[0] == 0))
     };
-    let found = r.candidates.iter().any(|c| {
-        c.graph.ops.iter().any(|o| match &o.kind {
-            mirage_ugraph::KernelOpKind::Customized { graph } => one_head_per_block(graph),
-            _ => false,
-        })
-    });
-    assert!(found, "no kernel with one block per head among {} candidates", r.candidates.len());
+    assert!(
+        any_block_graph(&r, one_head_per_block),
+        "no kernel with one block per head among {} candidates",
+        r.candidates.len()
+    );
 }
 
 /// Whether any customized kernel of any candidate satisfies `pred`.
 fn any_block_graph(r: &mirage_search::SearchResult, pred: impl Fn(&mirage_ugraph::BlockGraph) -> bool) -> bool {
-    r.candidates.iter().any(|c| {
-        c.graph.ops.iter().any(|o| match &o.kind {
-            mirage_ugraph::KernelOpKind::Customized { graph } => pred(graph),
-            _ => false,
-        })
-    })
+    r.candidates.iter().any(|c| kernels(&c.graph).into_iter().any(&pred))
 }
 
 #[test]

@@ -1500,9 +1500,12 @@ struct FlashWG {
     wg_commit();
   }
 
-  // One iteration over K and V; `Kn` is the next iteration's K tile (null at the last, or
-  // without lookahead across iterations), which must already be in shared memory. `first`
-  // (every step without that lookahead) computes the first block's S here.
+  // One iteration over K and V. With AHEAD, `Kn` is the next iteration's K tile, which must
+  // already be in shared memory (at the last iteration any K-shaped tile: that S is never
+  // used, and issuing it anyway keeps every wgmma group unconditional: GQA b=8 on the H100
+  // 24.97 -> 23.68 µs against a run-time `Kn != nullptr` test). `first` (every step without
+  // AHEAD) computes the first block's S here.
+  template <bool AHEAD>
   __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, const T* Kn, bool first) {
     if (first) {
       qp = Q + bt * M * LDQ;
@@ -1514,11 +1517,11 @@ struct FlashWG {
     }
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
-      const bool more = j + 1 < NB || Kn;
+      const bool more = j + 1 < NB || AHEAD;
       float sn[RG][NFC][4];
       if (j + 1 < NB) {
         qk(K, j + 1, sn);
-      } else if (Kn) {
+      } else if constexpr (AHEAD) {
         qk(Kn, 0, sn);
       }
       unsigned pa[RG][NFC / 2][4];

@@ -1403,12 +1403,13 @@ impl Ctx<'_> {
                 let (q, k, v) = (self.tile(f.q), self.tile(f.k), self.tile(f.v));
                 if f.wg.is_some() {
                     // With three stages or more, the next iteration's K stage (already waited
-                    // for); else no lookahead across iterations (each step starts its own S).
-                    let (n, st, elems) = (bg.forloop_range, self.stages, self.stage_elems(f.k));
+                    // for; at the last iteration a stale stage whose S is never used); else no
+                    // lookahead across iterations (each step starts its own S).
+                    let (st, elems) = (self.stages, self.stage_elems(f.k));
                     if self.wg_lookahead() {
-                        wl!(s, "fa.step({q}, {k}, {v}, it + 1 < {n} ? {k}_st + ((it + 1) % {st}) * {elems} : nullptr, it == 0);");
+                        wl!(s, "fa.step<true>({q}, {k}, {v}, {k}_st + ((it + 1) % {st}) * {elems}, it == 0);");
                     } else {
-                        wl!(s, "fa.step({q}, {k}, {v}, nullptr, true);");
+                        wl!(s, "fa.step<false>({q}, {k}, {v}, nullptr, true);");
                     }
                 } else {
                     wl!(s, "fa.step({q}, {k}, {v}, it == 0);");

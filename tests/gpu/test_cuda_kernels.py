@@ -122,6 +122,44 @@ def test_warpgroup_attention_against_interpreter(params, dtype):
     check(ug, dtype, inputs=_inputs(ug, 7, scale=0.5))
 
 
+#: Online attention with one block per head (no key splits across the grid): on sm_90 each
+#: block's loop is split across a thread-block cluster (of 4, 4 and 2 blocks: 64 rows by 256
+#: keys, 128 rows, 64 rows by 256 keys over 2 iterations each) and merged through distributed
+#: shared memory into the cluster's first block.
+CLUSTER_ATTENTION = [[2, 64, 64, 2048, 1, 8], [1, 128, 64, 4096, 1, 16], [3, 64, 64, 1024, 1, 4]]
+
+
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16])
+@pytest.mark.parametrize("params", CLUSTER_ATTENTION)
+def test_cluster_split_attention_against_interpreter(params, dtype):
+    _, ug = _zoo("attention_online", dtype.name, params)
+    if _cuda.default_arch() >= 90:
+        _, summary = _cuda.cuda_source(ug, _cuda.default_arch())
+        assert any(k["cluster"] != [1, 1, 1] for k in summary["kernels"]), summary
+    check(ug, dtype, inputs=_inputs(ug, 7, scale=0.5))
+
+
+#: Summing loops on small grids (8 blocks of 16 iterations): on sm_90 split across clusters of
+#: 8 blocks, their matmul and norm sums added into each cluster's first block.
+CLUSTER_SUMS = [
+    ("rmsnorm_linear", [4, 1024, 512, 8, 16]),
+    ("gated_mlp", [3, 1024, 512, 8, 16]),
+    ("lora", [5, 1024, 512, 16, 8, 16]),
+    ("attention", [2, 64, 64, 1024, 1, 8]),
+]
+
+
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16, mi.float32])
+@pytest.mark.parametrize("name,params", CLUSTER_SUMS)
+def test_cluster_split_sums_against_interpreter(name, params, dtype):
+    _, ug = _zoo(name, dtype.name, params)
+    if _cuda.default_arch() >= 90:
+        _, summary = _cuda.cuda_source(ug, _cuda.default_arch())
+        assert any(k["cluster"] != [1, 1, 1] for k in summary["kernels"]), summary
+    cpu = _inputs(ug, 7, scale=0.5)
+    check(ug, dtype, inputs=cpu)
+
+
 def _block_graph(dtype: mi.DType, threads: int):
     g = mi.new_kernel_graph()
     X = g.new_input((8, 64), dtype=dtype)

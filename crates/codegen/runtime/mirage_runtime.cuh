@@ -1217,6 +1217,104 @@ __device__ __forceinline__ void flash_combine(float* scratch, float* O, float* L
   __syncthreads();
 }
 
+// Thread-block clusters (sm_90): this block's rank in its cluster; a barrier of every thread
+// of the cluster whose release / acquire makes shared-memory writes before it visible to the
+// cluster's blocks after it; the generic address of `p`'s shared-memory location in block
+// `rank` of the cluster (distributed shared memory).
+__device__ __forceinline__ unsigned cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+template <typename T>
+__device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned long long a;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(a) : "l"(p), "r"(rank));
+  return reinterpret_cast<T*>(a);
+#else
+  return p;
+#endif
+}
+
+// Adds the n-float tile `t` (the same shared-memory offset in every block) of each of the CS
+// blocks of a thread-block cluster into the first block's: block r sums elements
+// [r, r + 1) * n / CS. Call between two `cluster_sync`s (every block's tile complete before,
+// none exits before every block is done reading).
+template <int NT, int CS>
+__device__ __forceinline__ void cluster_sum(float* t, int n) {
+  const int per = (n + CS - 1) / CS, lo = (int)cluster_rank() * per, hi = min(n, lo + per);
+  const float* src[CS];
+#pragma unroll
+  for (int r = 0; r < CS; ++r) src[r] = cluster_map(t, (unsigned)r);
+  float* const dst = cluster_map(t, 0u);
+  for (int i = lo + lin_tid(); i < hi; i += NT) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < CS; ++r) acc += src[r][i];
+    dst[i] = acc;
+  }
+}
+
+// As `flash_combine` over the CS blocks of a thread-block cluster, each holding its KS slices'
+// partials in its own `scratch` (the same layout and offset in every block): block r merges
+// rows [r, r + 1) * BATCH * M / CS of every batch item over all CS * KS slices and writes them
+// into O, L and X of the cluster's first block. On return (after a second cluster barrier)
+// that block's tiles are complete and no block's scratch is read any more.
+template <int NT, int BATCH, int M, int DV, int KS, int CS>
+__device__ __forceinline__ void flash_combine_cluster(float* scratch, float* O, float* L, float* X) {
+  constexpr int P = DV + 2, ROWS = BATCH * M / CS, CH = DV / 8;
+  static_assert((BATCH * M) % CS == 0 && DV % 8 == 0, "cluster combine shape");
+  cluster_sync();
+  const unsigned me = cluster_rank();
+  const float* src[CS];
+#pragma unroll
+  for (int r = 0; r < CS; ++r) src[r] = cluster_map(scratch, (unsigned)r);
+  float* const o0 = cluster_map(O, 0u);
+  float* const l0 = L ? cluster_map(L, 0u) : nullptr;
+  float* const x0 = X ? cluster_map(X, 0u) : nullptr;
+  for (int i = lin_tid(); i < ROWS * CH; i += NT) {
+    const int br = (int)me * ROWS + i / CH, c0 = (i % CH) * 8, b = br / M, row = br - b * M;
+    float mk[CS * KS];
+    float mm = neg_inf();
+#pragma unroll
+    for (int k = 0; k < CS * KS; ++k) {
+      mk[k] = src[k / KS][((b * KS + k % KS) * M + row) * P + DV];
+      mm = fmaxf(mm, mk[k]);
+    }
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, ls = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CS * KS; ++k) {
+      const float* sr = src[k / KS] + ((b * KS + k % KS) * M + row) * P;
+      const float w = __expf(mk[k] - mm);
+      ls += sr[DV + 1] * w;
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const float2 v = *reinterpret_cast<const float2*>(sr + c0 + e);
+        acc[e] += v.x * w;
+        acc[e + 1] += v.y * w;
+      }
+    }
+    float4* dst = reinterpret_cast<float4*>(o0 + br * DV + c0);
+    dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    if (c0 == 0) {
+      if (l0) l0[br] = ls;
+      if (x0) x0[br] = mm;
+    }
+  }
+  cluster_sync();
+}
+
 template <int NT, int BATCH, int M, int D, int N, int DV, int LDQ, int LDK, int LDV, int RG, int KS, int CW,
           typename T, typename TQ>
 struct Flash {
@@ -1549,15 +1647,23 @@ struct FlashWG {
     }
   }
 
-  // After the loop, as `Flash::finish` (`scratch`: BATCH * KS * M * 66 floats when KS > 1).
+  // After the loop, as `Flash::finish` (`scratch`: BATCH * KS * M * 66 floats when KS > 1 or
+  // CS > 1). With CS > 1 the block is one of a thread-block cluster of CS that split the loop:
+  // the merged O, L and X land in the tiles of the cluster's first block only
+  // (`flash_combine_cluster`).
+  template <int CS = 1>
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
     st.settle();
-    if constexpr (KS == 1) {
+    if constexpr (KS == 1 && CS == 1) {
       st.store(O, L, X, lane, [&](int r) { return bt * M + row0 + r * 64; });
     } else {
       __syncthreads();
       st.store_partial(scratch + (bt * KS + slice) * M * 66, lane, [&](int r) { return row0 + r * 64; });
-      flash_combine<NT, BATCH, M, 64, KS>(scratch, O, L, X);
+      if constexpr (CS == 1) {
+        flash_combine<NT, BATCH, M, 64, KS>(scratch, O, L, X);
+      } else {
+        flash_combine_cluster<NT, BATCH, M, 64, KS, CS>(scratch, O, L, X);
+      }
     }
   }
 };

@@ -59,6 +59,9 @@ enum Step {
     Flash,
     /// The region's accumulator tiles, written once after the loop.
     FlashEnd,
+    /// In a summing cluster split (`BlockGraph::cluster_split`): the cluster's accumulator
+    /// tiles (but those a `Finalize` merges) added into its first block's.
+    ClusterMerge,
     /// One iteration of a loop matmul summed in registers (`mi::MmaAcc`) for accumulator `acc`.
     MatAcc { op: usize, acc: usize },
     /// That accumulator's tile, written once after the loop.
@@ -82,6 +85,9 @@ pub(crate) struct Emitted {
     pub source: String,
     /// Dynamic shared memory in bytes.
     pub smem_bytes: usize,
+    /// Blocks per thread-block cluster along each grid axis (all 1: no clusters). The kernel
+    /// is launched with the block graph's grid times this.
+    pub cluster: [usize; 3],
 }
 
 struct Ctx<'a> {
@@ -102,6 +108,8 @@ struct Ctx<'a> {
     stages: usize,
     /// The register-resident attention region and its combine scratch offset.
     flash: Option<(FlashRegion, Option<usize>)>,
+    /// Blocks of a thread-block cluster that split the loop (1: none).
+    cluster: usize,
     /// Per op: the shared scratch (byte offset, bytes) of the `finish` of its register
     /// accumulator (`mi::MmaAcc` of a loop matmul's accumulator, `mi::RowSumAcc`).
     acc_scratch: Vec<Option<(usize, usize)>>,
@@ -164,13 +172,26 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     if let Some(e) = crate::eltloop::emit(name, bg, ins, outs)? {
         return Ok(e);
     }
+    // A loop whose grid leaves SMs idle is split across the blocks of thread-block clusters
+    // (`BlockGraph::cluster_split`) where its attention region takes the warpgroup form or
+    // it only sums; otherwise it keeps its grid.
+    if arch == 90 {
+        if let Some((axis, cs, split)) = bg.cluster_split() {
+            for mode in [FlashMode::Wgmma, FlashMode::Off] {
+                if let Some(mut e) = emit_with(name, &split, ins, outs, mode, cs)? {
+                    e.cluster[axis] = cs;
+                    return Ok(e);
+                }
+            }
+        }
+    }
     let modes: &[FlashMode] = if arch == 90 {
         &[FlashMode::Wgmma, FlashMode::Mma, FlashMode::Off]
     } else {
         &[FlashMode::Mma, FlashMode::Off]
     };
     for &mode in modes {
-        if let Some(e) = emit_with(name, bg, ins, outs, mode)? {
+        if let Some(e) = emit_with(name, bg, ins, outs, mode, 1)? {
             return Ok(e);
         }
     }
@@ -193,13 +214,18 @@ enum FlashMode {
 const WG_ALIGN: usize = 1024;
 
 /// [`emit`] with the attention region in form `mode`; `None` when the region was matched but
-/// its tiles do not suit that form (then the caller tries the next one).
+/// its tiles do not suit that form (then the caller tries the next one). With `cluster` > 1,
+/// `bg` is a cluster split ([`BlockGraph::cluster_split`]): with `mode` Wgmma its attention
+/// region must take the warpgroup form, with `mode` Off it must have no such region and only
+/// summing accumulators of fp32 tiles; either way the blocks merge their accumulators into
+/// the cluster's first block, which alone goes on after the loop.
 fn emit_with(
     name: &str,
     bg: &BlockGraph,
     ins: &[DevBuffer],
     outs: &[DevBuffer],
     mode: FlashMode,
+    cluster: usize,
 ) -> Result<Option<Emitted>> {
     let nt: usize = bg.block_dim.iter().product();
     let n_ops = bg.ops.len();
@@ -242,11 +268,24 @@ fn emit_with(
     if mode == FlashMode::Wgmma {
         match fr.as_mut() {
             Some(f) => match f.wgmma(nt) {
-                Some(w) => f.wg = Some(w),
+                Some(w) => {
+                    f.wg = Some(w);
+                    f.cluster = cluster;
+                }
                 None => return Ok(None),
             },
             None => return Ok(None),
         }
+    } else if cluster > 1 && fr.is_some() {
+        return Ok(None);
+    }
+    // Only the region's accumulators are merged across a cluster: any other would hold one
+    // block's share of the loop.
+    if cluster > 1
+        && (0..n_ops)
+            .any(|j| opneed[j] && bg.ops[j].kind.is_accumulator() && fr.as_ref().is_some_and(|f| !f.ops.contains(&j)))
+    {
+        return Ok(None);
     }
     let in_region = |j: usize| fr.as_ref().is_some_and(|f| f.ops.contains(&j));
     let region_last = fr.as_ref().and_then(|f| f.ops.iter().copied().max());
@@ -369,6 +408,36 @@ fn emit_with(
     }
     // Stable by section (op order within each); register accumulators are written out first.
     steps.sort_by_key(|&(s, st)| (s, !matches!(st, Step::MatAccEnd { .. })));
+    // A summing cluster split merges the accumulators right after the loop: the register
+    // ones' tiles and every plain sum in one step, each mean or rms in its `Finalize` (moved
+    // up: it reads only its own tile), before anything else reads them.
+    let summing = cluster > 1 && fr.is_none();
+    if summing {
+        if (0..n_ops).any(|j| {
+            opneed[j] && bg.ops[j].kind.is_accumulator() && !matches!(bg.ops[j].kind, BlockOpKind::ForloopAccum { .. })
+        }) {
+            return Ok(None);
+        }
+        steps.sort_by_key(|&(s, st)| {
+            (
+                s,
+                match st {
+                    Step::MatAccEnd { .. } => 0,
+                    Step::Finalize { .. } => 2,
+                    _ => 3,
+                },
+            )
+        });
+        let at = steps
+            .iter()
+            .position(|&(s, st)| s == Section::Post && !matches!(st, Step::MatAccEnd { .. }))
+            .unwrap_or(steps.len());
+        steps.insert(at, (Section::Post, Step::ClusterMerge));
+    }
+    let merged_by_step: Vec<STensorId> = (0..n_ops)
+        .filter(|&j| summing && opneed[j] && bg.ops[j].kind.is_accumulator() && !finalized(&bg.ops[j].kind))
+        .map(|j| bg.ops[j].outputs[0])
+        .collect();
     if fr.is_some() {
         let at = steps.iter().position(|(s, _)| *s == Section::Post).unwrap_or(steps.len());
         steps.insert(at, (Section::Post, Step::FlashEnd));
@@ -409,6 +478,7 @@ fn emit_with(
             }),
             Step::MatAcc { op, .. } => (vec![], bg.ops[op].inputs.clone(), false),
             Step::MatAccEnd { acc } => (vec![bg.ops[acc].outputs[0]], vec![], false),
+            Step::ClusterMerge => (merged_by_step.clone(), merged_by_step.clone(), false),
         }
     };
 
@@ -712,6 +782,13 @@ fn emit_with(
     for (j, &(_, op, bytes)) in acc_scratch.iter().enumerate() {
         acc_scratch_at[op] = Some((buffers[first_scratch + j].offset, bytes));
     }
+    if summing
+        && (0..n_ops).any(|j| {
+            opneed[j] && bg.ops[j].kind.is_accumulator() && storage[bg.ops[j].outputs[0]] != Some(Storage::F32)
+        })
+    {
+        return Ok(None);
+    }
     let ctx = Ctx {
         bg,
         ins,
@@ -724,6 +801,7 @@ fn emit_with(
         layout,
         stages,
         flash,
+        cluster,
         acc_scratch: acc_scratch_at,
     };
     // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.
@@ -731,7 +809,12 @@ fn emit_with(
     let scratch = if has_matmul { Some(smem_bytes) } else { None };
     let total = smem_bytes + if has_matmul { nt * 16 } else { 0 };
     let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, scratch, total)?;
-    Ok(Some(Emitted { source: src, smem_bytes: total }))
+    Ok(Some(Emitted { source: src, smem_bytes: total, cluster: [1; 3] }))
+}
+
+/// Whether an accumulator is finalised after the loop (a mean or an rms: `Step::Finalize`).
+fn finalized(k: &BlockOpKind) -> bool {
+    matches!(k, BlockOpKind::ForloopAccum { acc: Accum::Mean | Accum::Rms })
 }
 
 /// The loop matmul whose product accumulator op `acc` sums.
@@ -1203,6 +1286,7 @@ impl Ctx<'_> {
         };
         let ranges_of = |ts: &[STensorId]| -> Vec<(usize, usize)> { ts.iter().filter_map(|&t| range[t]).collect() };
         let mut in_loop = false;
+        let mut exited = false;
         for (pos, (sec, step)) in steps.iter().enumerate() {
             if *sec == Section::Loop && !in_loop {
                 for (_, st) in steps {
@@ -1330,6 +1414,15 @@ impl Ctx<'_> {
                     continue; // issued by the pipeline above
                 }
             }
+            if self.cluster > 1
+                && self.flash.is_none()
+                && *sec == Section::Post
+                && !matches!(step, Step::MatAccEnd { .. } | Step::ClusterMerge | Step::Finalize { .. })
+                && !exited
+            {
+                wl!(s, "  if (mi::cluster_rank() != 0) return; // merged into the cluster's first block");
+                exited = true;
+            }
             let ind = if in_loop { "    " } else { "  " };
             let (mut w, mut r) = (ranges_of(&step_rw[pos].0), ranges_of(&step_rw[pos].1));
             if let Some((off, bytes)) = self.finish_scratch(*step) {
@@ -1372,6 +1465,18 @@ impl Ctx<'_> {
         Ok(s)
     }
 
+    /// Adds fp32 tiles `ts` of every block of the cluster into the first block's, between two
+    /// cluster barriers (the first makes every block's tiles visible, the second keeps them
+    /// alive until read).
+    fn cluster_sum(&self, ts: &[STensorId]) -> String {
+        let mut s = String::from("mi::cluster_sync();\n");
+        for &t in ts {
+            wl!(s, "mi::cluster_sum<NT, {}>(t{t}, {});", self.cluster, numel(self.dims(t)));
+        }
+        s.push_str("mi::cluster_sync();\n");
+        s
+    }
+
     /// [`tile_base`] in this block graph.
     fn tile_base(&self, map: [i64; 3], fdim: i64, tile: &[usize], strides: &[usize], iter: Option<&str>) -> String {
         tile_base(self.bg, map, fdim, tile, strides, iter)
@@ -1391,6 +1496,14 @@ impl Ctx<'_> {
             Step::MatAcc { op, acc } => {
                 let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
                 wl!(s, "mm{acc}.step({}, {});", self.tile(a), self.tile(b));
+            }
+            Step::ClusterMerge => {
+                let tiles: Vec<STensorId> = (0..bg.ops.len())
+                    .filter(|&j| bg.ops[j].kind.is_accumulator() && !finalized(&bg.ops[j].kind))
+                    .map(|j| bg.ops[j].outputs[0])
+                    .filter(|&t| self.storage[t].is_some())
+                    .collect();
+                s.push_str(&self.cluster_sum(&tiles));
             }
             Step::MatAccEnd { acc } => {
                 let o = bg.ops[acc].outputs[0];
@@ -1418,14 +1531,18 @@ impl Ctx<'_> {
             Step::FlashEnd => {
                 let Some((f, off)) = &self.flash else { return unsupported("internal error: no attention region") };
                 let opt = |t: Option<STensorId>| t.map_or("nullptr".to_string(), |t| self.tile(t));
+                let cs = if f.cluster > 1 { format!("<{}>", f.cluster) } else { String::new() };
                 wl!(
                     s,
-                    "fa.finish({}, {}, {}, {});",
+                    "fa.finish{cs}({}, {}, {}, {});",
                     if off.is_some() { "mi_fa" } else { "nullptr" },
                     self.tile(f.o),
                     opt(f.l),
                     opt(f.x)
                 );
+                if f.cluster > 1 {
+                    wl!(s, "if (mi::cluster_rank() != 0) return; // merged into the cluster's first block");
+                }
             }
             Step::Save { j, op } => {
                 let BlockOpKind::Output { omap, forloop_dim } = bg.ops[op].kind else {
@@ -1715,13 +1832,16 @@ impl Ctx<'_> {
                 if self.sum_acc(op).is_some() {
                     let sc = self.scratch_arg(step, &format!("decltype(rs{op})"), &mut s);
                     wl!(s, "rs{op}.finish({sc}, [&](int r) -> float& {{ return t{o}[r]; }});");
-                    if sc == "nullptr" {
+                    if sc == "nullptr" && self.cluster == 1 {
                         // One slice: rows are stored by their fragments' lanes, read below by others.
                         wl!(s, "__syncthreads();");
                     }
                 }
+                if self.cluster > 1 {
+                    wl!(s, "{}", self.cluster_sum(&[o]));
+                }
                 let dx = self.dims(x);
-                let n = dx[dx.len() - 1] * bg.forloop_range;
+                let n = dx[dx.len() - 1] * bg.forloop_range * self.cluster;
                 let e = match aop.kind {
                     BlockOpKind::ForloopAccum { acc: Accum::Rms } => format!("sqrtf(t{o}[i] / {})", flit(n as f32)),
                     _ => format!("t{o}[i] / {}", flit(n as f32)),

@@ -198,9 +198,11 @@ impl Module {
         for ((f, k), a) in self.funcs.iter().zip(args) {
             let mut vals: Vec<u64> = a.clone();
             let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
-            if self.dependent && k.dep_wait {
-                // SAFETY: as below; the kernel waits for its predecessor before touching memory.
-                unsafe { launch_dependent(*f, k, stream, &mut params) }?;
+            let dependent = self.dependent && k.dep_wait;
+            if dependent || k.cluster != [1; 3] {
+                // SAFETY: as below; a dependent kernel waits for its predecessor before
+                // touching memory.
+                unsafe { launch_ex(*f, k, stream, &mut params, dependent) }?;
                 continue;
             }
             // SAFETY: the caller guarantees the pointers; `params` point at `vals`, alive for the call.
@@ -220,16 +222,36 @@ impl Module {
     }
 }
 
-/// `cuLaunchKernelEx` with programmatic stream serialization: the kernel may be scheduled
-/// before the previous kernel of `stream` has finished (it then waits in `mi::dep_enter`).
+/// `cuLaunchKernelEx` with the kernel's thread-block clusters, if any, and, when `dependent`,
+/// programmatic stream serialization: the kernel may be scheduled before the previous kernel
+/// of `stream` has finished (it then waits in `mi::dep_enter`).
 ///
 /// # Safety
 /// As [`Module::launch`]; `params` must point at the kernel's arguments.
-unsafe fn launch_dependent(f: sys::CUfunction, k: &KernelSpec, stream: u64, params: &mut [*mut c_void]) -> Result<()> {
-    // SAFETY: a zeroed attribute is a valid plain-data value; the fields used are set below.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+unsafe fn launch_ex(
+    f: sys::CUfunction,
+    k: &KernelSpec,
+    stream: u64,
+    params: &mut [*mut c_void],
+    dependent: bool,
+) -> Result<()> {
+    let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::with_capacity(2);
+    if dependent {
+        // SAFETY: a zeroed attribute is a valid plain-data value; the fields used are set.
+        let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        a.value.programmaticStreamSerializationAllowed = 1;
+        attrs.push(a);
+    }
+    if k.cluster != [1; 3] {
+        // SAFETY: as above.
+        let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        a.value.clusterDim.x = k.cluster[0];
+        a.value.clusterDim.y = k.cluster[1];
+        a.value.clusterDim.z = k.cluster[2];
+        attrs.push(a);
+    }
     let cfg = sys::CUlaunchConfig {
         gridDimX: k.grid[0],
         gridDimY: k.grid[1],
@@ -239,10 +261,10 @@ unsafe fn launch_dependent(f: sys::CUfunction, k: &KernelSpec, stream: u64, para
         blockDimZ: k.block[2],
         sharedMemBytes: k.smem_bytes as u32,
         hStream: stream as sys::CUstream,
-        attrs: &mut attr,
-        numAttrs: 1,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: attrs.len() as u32,
     };
-    // SAFETY: `cfg` and `attr` live through the call; the caller guarantees the arguments.
+    // SAFETY: `cfg` and `attrs` live through the call; the caller guarantees the arguments.
     unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
         .result()
         .map_err(|e| drv_err("cuLaunchKernelEx", e))

@@ -159,14 +159,14 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         let outs: Vec<&DevBuffer> = op.outputs.iter().map(|&t| get(t)).collect::<Result<_>>()?;
         let name = format!("mi_k{i}_{}", op.kind.name());
         let kind = op.kind.name();
-        let (src, grid, block, smem) = match &op.kind {
+        let (src, grid, block, smem, cluster) = match &op.kind {
             KernelOpKind::Customized { graph } => {
                 let in_bufs: Vec<DevBuffer> = ins.iter().map(|b| (*b).clone()).collect();
                 let out_bufs: Vec<DevBuffer> = outs.iter().map(|b| (*b).clone()).collect();
                 let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch)?;
-                let grid = graph.grid_dim.map(|x| x as u32);
+                let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);
                 let block = graph.block_dim.map(|x| x as u32);
-                (e.source, grid, block, e.smem_bytes)
+                (e.source, grid, block, e.smem_bytes, e.cluster.map(|x| x as u32))
             }
             kind => {
                 let out = outs[0];
@@ -183,7 +183,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                         return Err(Error::Unsupported("internal error: op handled above".into()))
                     }
                 };
-                (e.source, e.grid, e.block, e.smem_bytes)
+                (e.source, e.grid, e.block, e.smem_bytes, [1; 3])
             }
         };
         if let Some(limit) = opts.smem_limit {
@@ -193,7 +193,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         }
         let mut args: Vec<BufferRef> = ins.iter().map(|b| b.location).collect();
         args.extend(outs.iter().map(|b| b.location));
-        kernels.push(KernelSpec { name, kind, op: i, grid, block, smem_bytes: smem, args, dep_wait: true });
+        kernels.push(KernelSpec { name, kind, op: i, grid, block, cluster, smem_bytes: smem, args, dep_wait: true });
         bodies.push(src);
     }
     for (j, t) in copies {
@@ -213,6 +213,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
             op: g.ops.len(),
             grid: e.grid,
             block: e.block,
+            cluster: [1; 3],
             smem_bytes: 0,
             args: vec![src.location, out.location],
             dep_wait: true,

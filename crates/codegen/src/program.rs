@@ -89,6 +89,8 @@ pub struct KernelSpec {
     pub grid: [u32; 3],
     /// Block dims.
     pub block: [u32; 3],
+    /// Blocks per thread-block cluster along each grid axis (all 1: launched without clusters).
+    pub cluster: [u32; 3],
     /// Dynamic shared memory per block in bytes.
     pub smem_bytes: usize,
     /// The kernel's pointer arguments, in order.
@@ -145,7 +147,7 @@ impl Program {
             .iter()
             .map(|k| {
                 json!({
-                    "name": k.name, "kind": k.kind, "op": k.op, "grid": k.grid, "block": k.block,
+                    "name": k.name, "kind": k.kind, "op": k.op, "grid": k.grid, "block": k.block, "cluster": k.cluster,
                     "smem_bytes": k.smem_bytes, "args": k.args.iter().map(loc).collect::<Vec<_>>(),
                 })
             })

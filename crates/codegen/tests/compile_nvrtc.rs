@@ -82,6 +82,8 @@ fn zoo_graphs(dt: DType) -> Vec<(String, KernelGraph)> {
         zoo::attention(a, false, dt).unwrap(),
         zoo::attention(a, true, dt).unwrap(),
         zoo::attention_online(a, dt).unwrap(),
+        // One block per head: split across thread-block clusters on sm_90.
+        zoo::attention_online(Attn { h: 64, splits: 1, frange: 4, ..a }, dt).unwrap(),
         zoo::ntrans(4, 512, dt).unwrap(),
     ];
     pairs.extend(zoo::paper_workloads(1).unwrap());
@@ -223,4 +225,21 @@ fn compile_error_returns_the_log() {
     let err = nvrtc::compile("__global__ void k() { this is not cuda; }", 90).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("error"), "{msg}");
+}
+
+#[test]
+fn cluster_split_attention_compiles() {
+    // One block per head, split across clusters of two on sm_90 (distributed shared memory).
+    if !setup() {
+        return;
+    }
+    for dt in [DType::Float16, DType::Bfloat16] {
+        let a = Attn { b: 2, h: 64, d: 64, s: 512, splits: 1, frange: 4, qsplit: 1 };
+        let g = zoo::attention_online(a, dt).unwrap().ugraph;
+        let p = generate(&g, &Options::for_arch(90)).unwrap();
+        assert!(p.kernels.iter().any(|k| k.cluster == [1, 2, 1]), "{}", p.launch_summary());
+        if let Err(e) = nvrtc::compile(&p.source, 90) {
+            panic!("cluster split ({}) failed to compile: {e}", dt.name());
+        }
+    }
 }

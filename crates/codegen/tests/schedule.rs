@@ -226,3 +226,28 @@ fn loop_free_kernels_prefetch_their_inputs_before_the_wait() {
     let rl = zoo::rmsnorm_linear(2, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
     assert_eq!(before_wait(&kernel_source(&rl.ugraph)), 0);
 }
+
+#[test]
+fn small_attention_grids_split_the_loop_across_a_cluster() {
+    // Two blocks of 8 iterations: on sm_90 the loop is split over clusters of four blocks
+    // along the free grid axis y (2 iterations each, their key tiles along y), the partial
+    // results merged into each cluster's first block through distributed shared memory,
+    // which alone goes on; on sm_80, and where the grid already fills the GPU, no clusters.
+    let small = Attn { s: 2048, splits: 1, frange: 8, ..attn() };
+    let g = zoo::attention_online(small, DType::Float16).expect("zoo").ugraph;
+    let p = generate(&g, &Options::for_arch(90)).expect("generates");
+    let k = p.kernels.iter().find(|k| k.name.contains("customized")).expect("a customized kernel");
+    assert_eq!((k.grid, k.cluster), ([2, 4, 1], [1, 4, 1]));
+    let src = kernel_source(&g);
+    assert!(src.contains("forloop_range 2,"), "{src}");
+    assert!(src.contains("(long long)blockIdx.y * 32768LL"), "K and V tiles of 256 keys: {src}");
+    assert!(src.contains("fa.finish<4>(mi_fa, "), "{src}");
+    let exit = src.find("if (mi::cluster_rank() != 0) return;").expect("other blocks leave");
+    assert!(src[exit..].contains("-> output 0"), "the first block saves: {src}");
+    let p80 = generate(&g, &Options::for_arch(80)).expect("generates");
+    assert!(p80.kernels.iter().all(|k| k.cluster == [1; 3] && k.grid[1] == 1));
+    let wide = Attn { b: 80, ..small };
+    let g = zoo::attention_online(wide, DType::Float16).expect("zoo").ugraph;
+    let p = generate(&g, &Options::for_arch(90)).expect("generates");
+    assert!(p.kernels.iter().all(|k| k.cluster == [1; 3]), "{}", p.launch_summary());
+}

@@ -11,7 +11,9 @@
 //! L2) and writes its outputs once; every tile load of every block and iteration is L2 traffic.
 //! Wave utilisation is `blocks / (waves * SMs)`: a grid smaller than the GPU leaves SMs idle.
 //! Predefined ops are library kernels: they move their operands and result once, at full
-//! utilisation. Defaults are the H100 numbers of mirage-facts section 7.
+//! utilisation. A kernel whose loop the code generator splits across thread-block clusters
+//! (`BlockGraph::cluster_split`) is priced in that form, plus the merge.
+//! Defaults are the H100 numbers of mirage-facts section 7.
 
 use mirage_ugraph::{BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Phase};
 
@@ -44,6 +46,9 @@ pub struct CostModel {
     /// tensor-core path; calibrated on the H100 by a QKNorm attention that normalises each
     /// V tile in the loop (modelled 40 µs without this term, measured 100 µs).
     pub streamed_operand_flops_per_us: f64,
+    /// Merging the partial results of a thread-block cluster that split a block's loop
+    /// ([`BlockGraph::cluster_split`]) through distributed shared memory, microseconds.
+    pub cluster_merge_us: f64,
 }
 
 impl Default for CostModel {
@@ -58,6 +63,7 @@ impl Default for CostModel {
             dram_latency_us: 0.8,
             num_sms: 132,
             streamed_operand_flops_per_us: 5.0e6,
+            cluster_merge_us: 0.5,
         }
     }
 }
@@ -100,8 +106,22 @@ fn matmul_flops(a: &[usize], b: &[usize]) -> u64 {
     2 * numel(&a[..a.len() - 1]) * k * n
 }
 
-/// Cost of one customized kernel.
+/// Cost of one customized kernel: of its thread-block-cluster form where it has one
+/// ([`BlockGraph::cluster_split`]: what the code generator emits), plus the merge.
 pub fn block_graph_cost(bg: &BlockGraph, m: &CostModel) -> Cost {
+    match bg.cluster_split() {
+        Some((_, cs, g)) => {
+            let mut c = launch_cost(&g, m, cs as u64);
+            c.est_us += m.cluster_merge_us;
+            c
+        }
+        None => launch_cost(bg, m, 1),
+    }
+}
+
+/// Cost of one launch of `bg` whose outputs are written by one block in `cs` (the rest of a
+/// cluster merge into it).
+fn launch_cost(bg: &BlockGraph, m: &CostModel, cs: u64) -> Cost {
     let blocks = bg.num_blocks() as u64;
     let f = bg.forloop_range as u64;
     let mut c = Cost { launches: 1, shared_memory: bg.shared_memory_upper_bound(), ..Cost::default() };
@@ -135,7 +155,7 @@ pub fn block_graph_cost(bg: &BlockGraph, m: &CostModel) -> Cost {
             }
             BlockOpKind::Output { .. } => {
                 let t = &bg.tensors[op.inputs[0]];
-                c.dram_bytes += numel(&t.dims) * t.dtype.size_bytes() as u64 * blocks;
+                c.dram_bytes += numel(&t.dims) * t.dtype.size_bytes() as u64 * blocks / cs;
             }
             BlockOpKind::Matmul => flops_per_block += matmul_flops(dims(0), dims(1)) * times,
             BlockOpKind::RmsNorm => flops_per_block += 3 * numel(dims(0)) * times,

@@ -1,6 +1,6 @@
 //! The static cost model ranks fused µGraphs above the unfused program and candidates best first.
 
-use mirage_search::cost::{kernel_graph_cost, CostModel};
+use mirage_search::cost::{block_graph_cost, kernel_graph_cost, CostModel};
 use mirage_search::{superoptimize, SearchConfig};
 use mirage_ugraph::{zoo, DType};
 
@@ -33,4 +33,30 @@ fn candidates_are_sorted_cheapest_first() {
     for w in r.candidates.windows(2) {
         assert!(w[0].cost.est_us <= w[1].cost.est_us);
     }
+}
+
+#[test]
+fn small_grids_are_priced_as_their_cluster_split() {
+    // 16 blocks of 16 iterations run as 128 blocks in clusters of 8 (the code generator's
+    // form): priced as that grid plus the merge, with the output written once.
+    let m = CostModel::default();
+    let p = zoo::rmsnorm_linear(2, 4096, 4096, 16, 16, DType::Float16).expect("zoo");
+    let bg = p
+        .ugraph
+        .ops
+        .iter()
+        .find_map(|op| match &op.kind {
+            mirage_ugraph::KernelOpKind::Customized { graph } => Some(graph.clone()),
+            _ => None,
+        })
+        .expect("a customized op");
+    let (_, cs, split) = bg.cluster_split().expect("a cluster form");
+    assert_eq!((cs, split.num_blocks()), (8, 128));
+    let c = block_graph_cost(&bg, &m);
+    let s = block_graph_cost(&split, &m);
+    // Within the time of the split graph's seven extra output copies (115 KB).
+    assert!((c.est_us - s.est_us - m.cluster_merge_us).abs() < 0.05, "{c:?} vs {s:?}");
+    let (x, w, out) = (2 * 4096 * 2, 4096 * 4096 * 2, 2 * 4096 * 2);
+    assert_eq!(c.dram_bytes, x + w + out);
+    assert_eq!(s.dram_bytes, x + w + cs as u64 * out);
 }

@@ -31,6 +31,9 @@ pub const ONE_WAVE_BLOCKS: usize = 132;
 /// The pipelining budget of a one-wave grid: deeper pipelines keep more loads in flight
 /// (within the 163 KiB an A100 block may opt into).
 pub const ONE_WAVE_SMEM_BUDGET: usize = 160 * 1024;
+/// Most blocks of one thread-block cluster that share a block's for-loop
+/// ([`BlockGraph::cluster_split`]).
+pub const MAX_CLUSTER_SPLIT: usize = 8;
 
 /// Shared memory up to which a kernel of `blocks` thread blocks multi-buffers its loop's
 /// input tiles: [`ONE_WAVE_SMEM_BUDGET`] for at most [`ONE_WAVE_BLOCKS`] blocks, else
@@ -535,6 +538,58 @@ impl BlockGraph {
         let t = self.accum_input("tb.forloop_accum_max", a)?;
         let out = STensor { phase: Phase::Post, ..t };
         Ok(self.push(BlockOpKind::ForloopAccumMax, vec![a], vec![out])[0])
+    }
+
+    /// The thread-block-cluster form of a loop whose grid leaves SMs idle: `(axis, cs, graph)`,
+    /// where `graph` has `cs` times the blocks along the free grid `axis` and
+    /// `forloop_range / cs` iterations, each per-iteration input split along `axis` over its
+    /// for-loop dim, so that the `cs` blocks of one cluster (consecutive along `axis`) each run
+    /// a `cs`-th of one original block's loop (split-K). The code generator merges the
+    /// cluster's partial accumulators through distributed shared memory (sm_90) into the
+    /// cluster's first block, which alone runs what follows the loop; the cost model prices the
+    /// same form. The one rule both follow: the loop has a matmul and either online-softmax
+    /// accumulators (`forloop_accum_rescale`, merged by their maxima; attention) or only
+    /// summing ones (`forloop_accum`, merged by addition; matmul and norm sums), the outputs
+    /// are saved after the loop, a grid axis has size 1 and no grid axis of more than one
+    /// block runs along a for-loop dim; `cs` is the largest of [`MAX_CLUSTER_SPLIT`], ..., 2
+    /// that leaves at least two iterations per block and at most [`ONE_WAVE_BLOCKS`] blocks.
+    /// `None` where no `cs` > 1 fits.
+    pub fn cluster_split(&self) -> Option<(usize, usize, BlockGraph)> {
+        let blocks = self.num_blocks();
+        let loop_matmul = self
+            .ops
+            .iter()
+            .any(|o| matches!(o.kind, BlockOpKind::Matmul) && self.tensors[o.outputs[0]].phase == Phase::Loop);
+        let accs: Vec<&BlockOpKind> = self.ops.iter().map(|o| &o.kind).filter(|k| k.is_accumulator()).collect();
+        let softmax = accs.iter().any(|k| matches!(k, BlockOpKind::ForloopAccumRescale { .. }));
+        let summing = !accs.is_empty() && accs.iter().all(|k| matches!(k, BlockOpKind::ForloopAccum { .. }));
+        let saved_after =
+            self.output_ops().all(|o| matches!(o.kind, BlockOpKind::Output { forloop_dim, .. } if forloop_dim < 0));
+        let loop_axis = self.input_ops().any(|o| match o.kind {
+            BlockOpKind::Input { imap, forloop_dim, .. } => {
+                forloop_dim >= 0 && (0..3).any(|a| imap[a] == forloop_dim && self.grid_dim[a] > 1)
+            }
+            _ => false,
+        });
+        let axis = self.grid_dim.iter().position(|&g| g == 1)?;
+        if !loop_matmul || !(softmax || summing) || !saved_after || loop_axis {
+            return None;
+        }
+        let f = self.forloop_range;
+        let cs = (2..=MAX_CLUSTER_SPLIT)
+            .rev()
+            .find(|&cs| f.is_multiple_of(cs) && f / cs >= 2 && blocks * cs <= ONE_WAVE_BLOCKS)?;
+        let mut g = self.clone();
+        g.grid_dim[axis] = cs;
+        g.forloop_range = f / cs;
+        for op in &mut g.ops {
+            match &mut op.kind {
+                BlockOpKind::Input { imap, forloop_dim, .. } => imap[axis] = *forloop_dim,
+                BlockOpKind::Output { omap, .. } => omap[axis] = -1,
+                _ => {}
+            }
+        }
+        Some((axis, cs, g))
     }
 
     /// Bytes of shared memory if every tile had its own buffer (an upper bound before planning).

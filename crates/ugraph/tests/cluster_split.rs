@@ -1,0 +1,64 @@
+//! The thread-block-cluster form of loops whose grid leaves SMs idle (`BlockGraph::cluster_split`).
+
+use mirage_ugraph::zoo::{self, Attn};
+use mirage_ugraph::{BlockGraph, BlockOpKind, DType, KernelGraph, KernelOpKind};
+
+/// The first customized kernel's block graph.
+fn first_block_graph(g: &KernelGraph) -> BlockGraph {
+    g.ops
+        .iter()
+        .find_map(|op| match &op.kind {
+            KernelOpKind::Customized { graph } => Some(graph.clone()),
+            _ => None,
+        })
+        .expect("a customized op")
+}
+
+#[test]
+fn a_small_matmul_grid_splits_its_loop_across_clusters_of_eight() {
+    // 16 blocks of 16 iterations: 8 blocks per cluster along the free axis y, 2 iterations
+    // each; X's and W's tiles follow the loop's dim along y, the output is one per cluster.
+    let p = zoo::rmsnorm_linear(2, 4096, 4096, 16, 16, DType::Float16).expect("zoo");
+    let bg = first_block_graph(&p.ugraph);
+    let (axis, cs, g) = bg.cluster_split().expect("a cluster form");
+    assert_eq!((axis, cs, g.grid_dim, g.forloop_range), (1, 8, [16, 8, 1], 2));
+    for op in &g.ops {
+        match op.kind {
+            BlockOpKind::Input { imap, forloop_dim, .. } => assert_eq!(imap[1], forloop_dim),
+            BlockOpKind::Output { omap, .. } => assert_eq!(omap[1], -1),
+            _ => {}
+        }
+    }
+    // The tiles are the original ones.
+    let dims = |g: &BlockGraph| g.tensors.iter().map(|t| t.dims.clone()).collect::<Vec<_>>();
+    assert_eq!(dims(&g), dims(&bg));
+}
+
+#[test]
+fn grids_that_fill_the_gpu_or_short_loops_keep_their_form() {
+    let full = zoo::rmsnorm_linear(2, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
+    assert!(first_block_graph(&full.ugraph).cluster_split().is_none());
+    // 64 blocks of 2 iterations: a split would leave one iteration per block.
+    let short = zoo::rmsnorm_linear(2, 4096, 4096, 64, 2, DType::Float16).expect("zoo");
+    assert!(first_block_graph(&short.ugraph).cluster_split().is_none());
+    // 64 blocks of 16 iterations: clusters of two.
+    let half = zoo::rmsnorm_linear(2, 4096, 4096, 64, 16, DType::Float16).expect("zoo");
+    assert_eq!(first_block_graph(&half.ugraph).cluster_split().map(|(_, cs, _)| cs), Some(2));
+}
+
+#[test]
+fn attention_splits_only_without_key_splits_across_the_grid() {
+    // Keys split over grid y (4 blocks per head): no cluster form.
+    let a = Attn { b: 2, h: 64, d: 64, s: 2048, splits: 4, frange: 8, qsplit: 1 };
+    assert!(first_block_graph(&zoo::attention_online(a, DType::Float16).expect("zoo").ugraph)
+        .cluster_split()
+        .is_none());
+    // One block per head: its loop over 4 blocks (8 iterations, 2 each).
+    let one = Attn { splits: 1, ..a };
+    let bg = first_block_graph(&zoo::attention_online(one, DType::Float16).expect("zoo").ugraph);
+    let (axis, cs, g) = bg.cluster_split().expect("a cluster form");
+    assert_eq!((axis, cs, g.grid_dim, g.forloop_range), (1, 4, [2, 4, 1], 2));
+    // A loop-free or element-wise kernel (the split-KV combine) never splits.
+    let g = zoo::combine(8, 128, DType::Float16, false).expect("zoo");
+    assert!(first_block_graph(&g).cluster_split().is_none());
+}

@@ -34,6 +34,11 @@ pub const ONE_WAVE_SMEM_BUDGET: usize = 160 * 1024;
 /// Most blocks of one thread-block cluster that share a block's for-loop
 /// ([`BlockGraph::cluster_split`]).
 pub const MAX_CLUSTER_SPLIT: usize = 8;
+/// Most blocks resident at once, one per SM, in clusters of more than two: an H200 (132 SMs)
+/// fits 30 clusters of 4 or 15 of 8 (`cudaOccupancyMaxActiveClusters` at 136 KiB per block)
+/// but 66 of 2; on the H100, grids of 128 blocks in clusters of 4 or 8 ran 1.5-2x slower than
+/// in clusters of 2, as two waves would.
+pub const WIDE_CLUSTER_BLOCKS: usize = 120;
 
 /// Shared memory up to which a kernel of `blocks` thread blocks multi-buffers its loop's
 /// input tiles: [`ONE_WAVE_SMEM_BUDGET`] for at most [`ONE_WAVE_BLOCKS`] blocks, else
@@ -552,8 +557,8 @@ impl BlockGraph {
     /// summing ones (`forloop_accum`, merged by addition; matmul and norm sums), the outputs
     /// are saved after the loop, a grid axis has size 1 and no grid axis of more than one
     /// block runs along a for-loop dim; `cs` is the largest of [`MAX_CLUSTER_SPLIT`], ..., 2
-    /// that leaves at least two iterations per block and at most [`ONE_WAVE_BLOCKS`] blocks.
-    /// `None` where no `cs` > 1 fits.
+    /// that leaves at least two iterations per block and at most [`ONE_WAVE_BLOCKS`] blocks
+    /// ([`WIDE_CLUSTER_BLOCKS`] for clusters of more than two). `None` where no `cs` > 1 fits.
     pub fn cluster_split(&self) -> Option<(usize, usize, BlockGraph)> {
         let blocks = self.num_blocks();
         let loop_matmul = self
@@ -576,9 +581,10 @@ impl BlockGraph {
             return None;
         }
         let f = self.forloop_range;
-        let cs = (2..=MAX_CLUSTER_SPLIT)
-            .rev()
-            .find(|&cs| f.is_multiple_of(cs) && f / cs >= 2 && blocks * cs <= ONE_WAVE_BLOCKS)?;
+        let cs = (2..=MAX_CLUSTER_SPLIT).rev().find(|&cs| {
+            let most = if cs > 2 { WIDE_CLUSTER_BLOCKS } else { ONE_WAVE_BLOCKS };
+            f.is_multiple_of(cs) && f / cs >= 2 && blocks * cs <= most
+        })?;
         let mut g = self.clone();
         g.grid_dim[axis] = cs;
         g.forloop_range = f / cs;

@@ -110,6 +110,8 @@ struct Ctx<'a> {
     flash: Option<(FlashRegion, Option<usize>)>,
     /// Blocks of a thread-block cluster that split the loop (1: none).
     cluster: usize,
+    /// The accumulator tiles `Step::ClusterMerge` adds across the cluster.
+    merged_by_step: Vec<STensorId>,
     /// Per op: the shared scratch (byte offset, bytes) of the `finish` of its register
     /// accumulator (`mi::MmaAcc` of a loop matmul's accumulator, `mi::RowSumAcc`).
     acc_scratch: Vec<Option<(usize, usize)>>,
@@ -279,11 +281,19 @@ fn emit_with(
     } else if cluster > 1 && fr.is_some() {
         return Ok(None);
     }
-    // Only the region's accumulators are merged across a cluster: any other would hold one
-    // block's share of the loop.
+    // Across a cluster only the attention region's accumulators are merged (by their maxima),
+    // or without a region only plain sums (added): any other would hold one block's share of
+    // the loop.
     if cluster > 1
-        && (0..n_ops)
-            .any(|j| opneed[j] && bg.ops[j].kind.is_accumulator() && fr.as_ref().is_some_and(|f| !f.ops.contains(&j)))
+        && (0..n_ops).any(|j| {
+            let k = &bg.ops[j].kind;
+            opneed[j]
+                && k.is_accumulator()
+                && match &fr {
+                    Some(f) => !f.ops.contains(&j),
+                    None => !matches!(k, BlockOpKind::ForloopAccum { .. }),
+                }
+        })
     {
         return Ok(None);
     }
@@ -413,11 +423,6 @@ fn emit_with(
     // up: it reads only its own tile), before anything else reads them.
     let summing = cluster > 1 && fr.is_none();
     if summing {
-        if (0..n_ops).any(|j| {
-            opneed[j] && bg.ops[j].kind.is_accumulator() && !matches!(bg.ops[j].kind, BlockOpKind::ForloopAccum { .. })
-        }) {
-            return Ok(None);
-        }
         steps.sort_by_key(|&(s, st)| {
             (
                 s,
@@ -802,6 +807,7 @@ fn emit_with(
         stages,
         flash,
         cluster,
+        merged_by_step,
         acc_scratch: acc_scratch_at,
     };
     // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.
@@ -1497,14 +1503,7 @@ impl Ctx<'_> {
                 let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
                 wl!(s, "mm{acc}.step({}, {});", self.tile(a), self.tile(b));
             }
-            Step::ClusterMerge => {
-                let tiles: Vec<STensorId> = (0..bg.ops.len())
-                    .filter(|&j| bg.ops[j].kind.is_accumulator() && !finalized(&bg.ops[j].kind))
-                    .map(|j| bg.ops[j].outputs[0])
-                    .filter(|&t| self.storage[t].is_some())
-                    .collect();
-                s.push_str(&self.cluster_sum(&tiles));
-            }
+            Step::ClusterMerge => s.push_str(&self.cluster_sum(&self.merged_by_step)),
             Step::MatAccEnd { acc } => {
                 let o = bg.ops[acc].outputs[0];
                 let c = self.at(o, "c");

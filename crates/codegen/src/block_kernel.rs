@@ -270,10 +270,7 @@ fn emit_with(
     if mode == FlashMode::Wgmma {
         match fr.as_mut() {
             Some(f) => match f.wgmma(nt) {
-                Some(w) => {
-                    f.wg = Some(w);
-                    f.cluster = cluster;
-                }
+                Some(w) => f.wg = Some(w),
                 None => return Ok(None),
             },
             None => return Ok(None),
@@ -750,7 +747,7 @@ fn emit_with(
             buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0, align: SMEM_ALIGN });
         }
         if let (Some(f), Some(pos)) = (&fr, flash_end) {
-            let bytes = f.combine_bytes(nt);
+            let bytes = f.combine_bytes(nt, cluster);
             if bytes > 0 {
                 buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0, align: SMEM_ALIGN });
             }
@@ -780,7 +777,7 @@ fn emit_with(
 
     // The combine scratch is the last buffer `plan` pushed.
     let flash = fr.map(|f| {
-        let off = (f.combine_bytes(nt) > 0).then(|| buffers.last().map_or(0, |b| b.offset));
+        let off = (f.combine_bytes(nt, cluster) > 0).then(|| buffers.last().map_or(0, |b| b.offset));
         (f, off)
     });
     let mut acc_scratch_at: Vec<Option<(usize, usize)>> = vec![None; n_ops];
@@ -1420,10 +1417,10 @@ impl Ctx<'_> {
                     continue; // issued by the pipeline above
                 }
             }
+            // In a cluster split, the blocks but the first leave once the merges are done.
             if self.cluster > 1
-                && self.flash.is_none()
                 && *sec == Section::Post
-                && !matches!(step, Step::MatAccEnd { .. } | Step::ClusterMerge | Step::Finalize { .. })
+                && !matches!(step, Step::MatAccEnd { .. } | Step::ClusterMerge | Step::Finalize { .. } | Step::FlashEnd)
                 && !exited
             {
                 wl!(s, "  if (mi::cluster_rank() != 0) return; // merged into the cluster's first block");
@@ -1530,7 +1527,7 @@ impl Ctx<'_> {
             Step::FlashEnd => {
                 let Some((f, off)) = &self.flash else { return unsupported("internal error: no attention region") };
                 let opt = |t: Option<STensorId>| t.map_or("nullptr".to_string(), |t| self.tile(t));
-                let cs = if f.cluster > 1 { format!("<{}>", f.cluster) } else { String::new() };
+                let cs = if self.cluster > 1 { format!("<{}>", self.cluster) } else { String::new() };
                 wl!(
                     s,
                     "fa.finish{cs}({}, {}, {}, {});",
@@ -1539,9 +1536,6 @@ impl Ctx<'_> {
                     opt(f.l),
                     opt(f.x)
                 );
-                if f.cluster > 1 {
-                    wl!(s, "if (mi::cluster_rank() != 0) return; // merged into the cluster's first block");
-                }
             }
             Step::Save { j, op } => {
                 let BlockOpKind::Output { omap, forloop_dim } = bg.ops[op].kind else {

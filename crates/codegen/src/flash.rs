@@ -53,8 +53,6 @@ pub(crate) struct FlashRegion {
     /// Row groups and key slices per warpgroup when the region runs on warpgroup tensor cores
     /// (`mi::FlashWG`, sm_90a; set by the emitter from [`FlashRegion::wgmma`]).
     pub wg: Option<(usize, usize)>,
-    /// Blocks of a thread-block cluster that split the loop (1: none; set by the emitter).
-    pub cluster: usize,
 }
 
 impl FlashRegion {
@@ -135,10 +133,10 @@ impl FlashRegion {
     }
 
     /// Bytes of shared memory `finish` needs to combine the slices (0 for one slice in a block
-    /// outside a cluster).
-    pub fn combine_bytes(&self, nt: usize) -> usize {
+    /// outside a cluster; `cluster`: blocks of the thread-block cluster that split the loop).
+    pub fn combine_bytes(&self, nt: usize, cluster: usize) -> usize {
         let ks = self.wg.map_or_else(|| self.warps(nt).1, |(_, ks)| ks);
-        if ks > 1 || self.cluster > 1 {
+        if ks > 1 || cluster > 1 {
             self.batch * ks * self.m * (self.dv + 2) * 4
         } else {
             0
@@ -274,7 +272,7 @@ pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Optio
         }
         let batch: usize = lead(q).iter().product();
         let one_wave = bg.num_blocks() <= ONE_WAVE_BLOCKS;
-        let f = FlashRegion { ops: region, q, k, v, o, l, x, batch, m, d, n, dv, one_wave, wg: None, cluster: 1 };
+        let f = FlashRegion { ops: region, q, k, v, o, l, x, batch, m, d, n, dv, one_wave, wg: None };
         if !(m.is_multiple_of(16) && d.is_multiple_of(16) && n.is_multiple_of(16) && dv.is_multiple_of(16)) {
             continue;
         }

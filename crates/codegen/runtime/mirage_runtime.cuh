@@ -115,10 +115,13 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 }
 
 // One 16-byte global -> shared copy: asynchronous (cp.async, L1 bypassed) on sm_80+.
+#ifndef MI_L2_HINT
+#define MI_L2_HINT ".L2::128B"
+#endif
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  asm volatile("cp.async.cg.shared.global" MI_L2_HINT " [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 #else
   *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
 #endif
@@ -1145,10 +1148,8 @@ struct FlashRows {
 #pragma unroll
       for (int j = 0; j < NFO; ++j) {
         const int c = j * 8 + qd * 2;
-        s0[c] = o[r][j][0];
-        s0[c + 1] = o[r][j][1];
-        s1[c] = o[r][j][2];
-        s1[c + 1] = o[r][j][3];
+        *reinterpret_cast<float2*>(s0 + c) = make_float2(o[r][j][0], o[r][j][1]);
+        *reinterpret_cast<float2*>(s1 + c) = make_float2(o[r][j][2], o[r][j][3]);
       }
       if (qd == 0) {
         s0[NFO * 8] = m[r][0]; s0[NFO * 8 + 1] = l[r][0];
@@ -1235,6 +1236,13 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 }
+// The same barrier without ordering memory (every thread's earlier reads are done; nothing
+// it wrote needs to be visible): no fence before the arrival.
+__device__ __forceinline__ void cluster_sync_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
 template <typename T>
 __device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1263,56 +1271,6 @@ __device__ __forceinline__ void cluster_sum(float* t, int n) {
     for (int r = 0; r < CS; ++r) acc += src[r][i];
     dst[i] = acc;
   }
-}
-
-// As `flash_combine` over the CS blocks of a thread-block cluster, each holding its KS slices'
-// partials in its own `scratch` (the same layout and offset in every block): block r merges
-// rows [r, r + 1) * BATCH * M / CS of every batch item over all CS * KS slices and writes them
-// into O, L and X of the cluster's first block. On return (after a second cluster barrier)
-// that block's tiles are complete and no block's scratch is read any more.
-template <int NT, int BATCH, int M, int DV, int KS, int CS>
-__device__ __forceinline__ void flash_combine_cluster(float* scratch, float* O, float* L, float* X) {
-  constexpr int P = DV + 2, ROWS = BATCH * M / CS, CH = DV / 8;
-  static_assert((BATCH * M) % CS == 0 && DV % 8 == 0, "cluster combine shape");
-  cluster_sync();
-  const unsigned me = cluster_rank();
-  const float* src[CS];
-#pragma unroll
-  for (int r = 0; r < CS; ++r) src[r] = cluster_map(scratch, (unsigned)r);
-  float* const o0 = cluster_map(O, 0u);
-  float* const l0 = L ? cluster_map(L, 0u) : nullptr;
-  float* const x0 = X ? cluster_map(X, 0u) : nullptr;
-  for (int i = lin_tid(); i < ROWS * CH; i += NT) {
-    const int br = (int)me * ROWS + i / CH, c0 = (i % CH) * 8, b = br / M, row = br - b * M;
-    float mk[CS * KS];
-    float mm = neg_inf();
-#pragma unroll
-    for (int k = 0; k < CS * KS; ++k) {
-      mk[k] = src[k / KS][((b * KS + k % KS) * M + row) * P + DV];
-      mm = fmaxf(mm, mk[k]);
-    }
-    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, ls = 0.0f;
-#pragma unroll
-    for (int k = 0; k < CS * KS; ++k) {
-      const float* sr = src[k / KS] + ((b * KS + k % KS) * M + row) * P;
-      const float w = __expf(mk[k] - mm);
-      ls += sr[DV + 1] * w;
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const float2 v = *reinterpret_cast<const float2*>(sr + c0 + e);
-        acc[e] += v.x * w;
-        acc[e + 1] += v.y * w;
-      }
-    }
-    float4* dst = reinterpret_cast<float4*>(o0 + br * DV + c0);
-    dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-    if (c0 == 0) {
-      if (l0) l0[br] = ls;
-      if (x0) x0[br] = mm;
-    }
-  }
-  cluster_sync();
 }
 
 template <int NT, int BATCH, int M, int D, int N, int DV, int LDQ, int LDK, int LDV, int RG, int KS, int CW,
@@ -1647,23 +1605,27 @@ struct FlashWG {
     }
   }
 
-  // After the loop, as `Flash::finish` (`scratch`: BATCH * KS * M * 66 floats when KS > 1 or
-  // CS > 1). With CS > 1 the block is one of a thread-block cluster of CS that split the loop:
-  // the merged O, L and X land in the tiles of the cluster's first block only
-  // (`flash_combine_cluster`).
+  // After the loop, as `Flash::finish` (`scratch`: BATCH * CS * KS * M * 66 floats when
+  // KS > 1 or CS > 1). With CS > 1 the block is one of a thread-block cluster of CS that split
+  // the loop: once every block has left the loop (its scratch overlaps the loop's tiles), each
+  // writes its partials straight into the first block's scratch (distributed shared memory,
+  // as slices rank * KS + slice), and that block alone merges them into its O, L and X.
   template <int CS = 1>
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
     st.settle();
     if constexpr (KS == 1 && CS == 1) {
       st.store(O, L, X, lane, [&](int r) { return bt * M + row0 + r * 64; });
-    } else {
+    } else if constexpr (CS == 1) {
       __syncthreads();
       st.store_partial(scratch + (bt * KS + slice) * M * 66, lane, [&](int r) { return row0 + r * 64; });
-      if constexpr (CS == 1) {
-        flash_combine<NT, BATCH, M, 64, KS>(scratch, O, L, X);
-      } else {
-        flash_combine_cluster<NT, BATCH, M, 64, KS, CS>(scratch, O, L, X);
-      }
+      flash_combine<NT, BATCH, M, 64, KS>(scratch, O, L, X);
+    } else {
+      cluster_sync_relaxed();
+      const unsigned rank = cluster_rank();
+      float* const dst = rank == 0 ? scratch : cluster_map(scratch, 0u);
+      st.store_partial(dst + ((bt * CS + rank) * KS + slice) * M * 66, lane, [&](int r) { return row0 + r * 64; });
+      cluster_sync();
+      if (rank == 0) flash_combine<NT, BATCH, M, 64, CS * KS>(scratch, O, L, X);
     }
   }
 };

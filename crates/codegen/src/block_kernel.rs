@@ -11,7 +11,7 @@
 //! (first fit), so tiles whose lifetimes do not overlap share memory; an element-wise group
 //! may overwrite an fp32 operand whose last use it is.
 
-use mirage_ugraph::block::MAX_PIPELINE_STAGES;
+use mirage_ugraph::block::{MAX_CLUSTER_SPLIT, MAX_PIPELINE_STAGES};
 use mirage_ugraph::{
     fuse_elementwise, Accum, BlockGraph, BlockOpKind, FusedGroup, Phase, STensorId, ThreadOp, UnaryOp,
 };
@@ -25,6 +25,8 @@ use crate::program::{BufferRef, DevBuffer, Storage};
 
 /// Alignment of every shared-memory buffer in bytes.
 const SMEM_ALIGN: usize = 16;
+/// Shared memory one block may have on sm_90 (H100, H200: 227 KiB opted in).
+pub const SM90_SMEM_BYTES: usize = 227 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Section {
@@ -176,15 +178,20 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     }
     // A loop whose grid leaves SMs idle is split across the blocks of thread-block clusters
     // (`BlockGraph::cluster_split`) where its attention region takes the warpgroup form or
-    // it only sums; otherwise it keeps its grid.
+    // it only sums, in smaller clusters where the first block's gathered partials would not
+    // fit its shared memory; otherwise it keeps its grid.
     if arch == 90 {
-        if let Some((axis, cs, split)) = bg.cluster_split() {
+        let mut most = MAX_CLUSTER_SPLIT;
+        while let Some((axis, cs, split)) = bg.cluster_split_within(most) {
             for mode in [FlashMode::Wgmma, FlashMode::Off] {
                 if let Some(mut e) = emit_with(name, &split, ins, outs, mode, cs)? {
-                    e.cluster[axis] = cs;
-                    return Ok(e);
+                    if e.smem_bytes <= SM90_SMEM_BYTES {
+                        e.cluster[axis] = cs;
+                        return Ok(e);
+                    }
                 }
             }
+            most = cs - 1;
         }
     }
     let modes: &[FlashMode] = if arch == 90 {

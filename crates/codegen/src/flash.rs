@@ -133,11 +133,12 @@ impl FlashRegion {
     }
 
     /// Bytes of shared memory `finish` needs to combine the slices (0 for one slice in a block
-    /// outside a cluster; `cluster`: blocks of the thread-block cluster that split the loop).
+    /// outside a cluster; `cluster`: blocks of the thread-block cluster that split the loop,
+    /// whose first block gathers every block's slices).
     pub fn combine_bytes(&self, nt: usize, cluster: usize) -> usize {
         let ks = self.wg.map_or_else(|| self.warps(nt).1, |(_, ks)| ks);
         if ks > 1 || cluster > 1 {
-            self.batch * ks * self.m * (self.dv + 2) * 4
+            self.batch * ks * cluster.max(1) * self.m * (self.dv + 2) * 4
         } else {
             0
         }

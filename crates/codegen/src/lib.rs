@@ -42,6 +42,7 @@ pub mod nvrtc;
 pub mod program;
 mod rowreg;
 
+pub use block_kernel::SM90_SMEM_BYTES;
 pub use error::{Error, Result};
 pub use exec::Executable;
 pub use generate::{generate, Options, RUNTIME_HEADER};

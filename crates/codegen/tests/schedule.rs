@@ -251,3 +251,17 @@ fn small_attention_grids_split_the_loop_across_a_cluster() {
     let p = generate(&g, &Options::for_arch(90)).expect("generates");
     assert!(p.kernels.iter().all(|k| k.cluster == [1; 3]), "{}", p.launch_summary());
 }
+
+#[test]
+fn cluster_splits_shrink_until_the_gathered_partials_fit() {
+    // One block of 128 rows by 4096 keys in 16 iterations: the rule's clusters of eight would
+    // gather 8 x 128 rows of partials (264 KiB) in the first block, more than an sm_90 block
+    // may have, so the loop is split over four blocks instead, whose partials fit.
+    let one = Attn { b: 1, h: 128, s: 4096, splits: 1, frange: 16, ..attn() };
+    let g = zoo::attention_online(one, DType::Float16).expect("zoo").ugraph;
+    let p = generate(&g, &Options::for_arch(90)).expect("generates");
+    let k = p.kernels.iter().find(|k| k.name.contains("customized")).expect("a customized kernel");
+    assert_eq!((k.grid, k.cluster), ([4, 1, 1], [4, 1, 1]), "{}", p.launch_summary());
+    assert!(k.smem_bytes <= mirage_codegen::SM90_SMEM_BYTES, "{}", p.launch_summary());
+    assert!(kernel_source(&g).contains("fa.finish<4>(mi_fa, "));
+}

@@ -560,6 +560,12 @@ impl BlockGraph {
     /// that leaves at least two iterations per block and at most [`ONE_WAVE_BLOCKS`] blocks
     /// ([`WIDE_CLUSTER_BLOCKS`] for clusters of more than two). `None` where no `cs` > 1 fits.
     pub fn cluster_split(&self) -> Option<(usize, usize, BlockGraph)> {
+        self.cluster_split_within(MAX_CLUSTER_SPLIT)
+    }
+
+    /// [`BlockGraph::cluster_split`] with clusters of at most `most` blocks (the code generator
+    /// retries with smaller clusters where a split block would need too much shared memory).
+    pub fn cluster_split_within(&self, most: usize) -> Option<(usize, usize, BlockGraph)> {
         let blocks = self.num_blocks();
         let loop_matmul = self
             .ops
@@ -581,7 +587,7 @@ impl BlockGraph {
             return None;
         }
         let f = self.forloop_range;
-        let cs = (2..=MAX_CLUSTER_SPLIT).rev().find(|&cs| {
+        let cs = (2..=most.min(MAX_CLUSTER_SPLIT)).rev().find(|&cs| {
             let most = if cs > 2 { WIDE_CLUSTER_BLOCKS } else { ONE_WAVE_BLOCKS };
             f.is_multiple_of(cs) && f / cs >= 2 && blocks * cs <= most
         })?;

@@ -66,3 +66,15 @@ fn attention_splits_only_without_key_splits_across_the_grid() {
     let g = zoo::combine(8, 128, DType::Float16, false).expect("zoo");
     assert!(first_block_graph(&g).cluster_split().is_none());
 }
+
+#[test]
+fn cluster_splits_can_be_capped() {
+    // The code generator retries with smaller clusters: `cluster_split_within(n)` picks the
+    // largest split of at most n blocks under the same rule, and none below two.
+    let one = Attn { b: 1, h: 128, d: 64, s: 4096, splits: 1, frange: 16, qsplit: 1 };
+    let bg = first_block_graph(&zoo::attention_online(one, DType::Float16).expect("zoo").ugraph);
+    assert_eq!(bg.cluster_split().map(|(_, cs, _)| cs), Some(8));
+    let (axis, cs, g) = bg.cluster_split_within(7).expect("a cluster form");
+    assert_eq!((cs, g.grid_dim[axis], g.forloop_range), (4, 4, 4));
+    assert!(bg.cluster_split_within(1).is_none());
+}

@@ -114,14 +114,13 @@ __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull;
 }
 
-// One 16-byte global -> shared copy: asynchronous (cp.async, L1 bypassed) on sm_80+.
-#ifndef MI_L2_HINT
-#define MI_L2_HINT ".L2::128B"
-#endif
+// One 16-byte global -> shared copy: asynchronous (cp.async, L1 bypassed) on sm_80+, with
+// L2 prefetching the whole 128-byte line (H100: +1.7% over the bench's winners, 4-7% on the
+// weight-streaming ones; 256 bytes was slower).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global" MI_L2_HINT " [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 #else
   *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
 #endif

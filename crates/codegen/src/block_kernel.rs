@@ -1202,7 +1202,11 @@ impl Ctx<'_> {
                 continue;
             }
             let tile = self.dims(t);
-            let step = 16 / dev.storage.size_bytes();
+            // One prefetch per 128-byte line where the tile's rows are whole lines, else one
+            // per 16 bytes (the copies' granularity).
+            let es = dev.storage.size_bytes();
+            let row_bytes = tile.last().map_or(0, |&n| n * es);
+            let step = if row_bytes > 0 && row_bytes.is_multiple_of(128) { 128 / es } else { 16 / es };
             wl!(s, "    {{ // input {k}");
             wl!(
                 s,
@@ -1297,6 +1301,8 @@ impl Ctx<'_> {
         let ranges_of = |ts: &[STensorId]| -> Vec<(usize, usize)> { ts.iter().filter_map(|&t| range[t]).collect() };
         let mut in_loop = false;
         let mut exited = false;
+        // Tiles whose copies were issued (outside the pipeline) but not yet waited for.
+        let mut pending: Vec<STensorId> = Vec::new();
         for (pos, (sec, step)) in steps.iter().enumerate() {
             if *sec == Section::Loop && !in_loop {
                 for (_, st) in steps {
@@ -1439,6 +1445,15 @@ impl Ctx<'_> {
                 w.push((off, off + bytes));
                 r.push((off, off + bytes));
             }
+            // The copies of tiles loaded outside the pipeline are waited for just before the
+            // first step that touches one, so that every load before it is in flight at once
+            // (LoRA issued its four inputs one round trip after another).
+            if !matches!(step, Step::Load { .. })
+                && overlaps(&ranges_of(&pending), &[w.as_slice(), r.as_slice()].concat())
+            {
+                wl!(s, "{ind}mi::cp_async_wait<0>();");
+                pending.clear();
+            }
             if overlaps(&r, &dirty_w) || overlaps(&w, &dirty_w) || overlaps(&w, &dirty_r) {
                 wl!(s, "{ind}__syncthreads();");
                 dirty_w.clear();
@@ -1456,7 +1471,7 @@ impl Ctx<'_> {
                         .zip(&step_rw[pos + 1..])
                         .any(|((sec, _), (_, r))| *sec == Section::Pre && r.contains(&t));
                     if staged.is_empty() || read_before_loop {
-                        b.push_str("mi::cp_async_wait<0>();\n");
+                        pending.push(t);
                     }
                     b
                 }
@@ -1470,6 +1485,9 @@ impl Ctx<'_> {
         }
         if in_loop {
             wl!(s, "  }}");
+        }
+        if !pending.is_empty() {
+            wl!(s, "  mi::cp_async_wait<0>();");
         }
         wl!(s, "}}");
         Ok(s)

@@ -5,7 +5,7 @@
 
 use mirage_codegen::{generate, Options};
 use mirage_ugraph::zoo::{self, Attn};
-use mirage_ugraph::{DType, KernelGraph};
+use mirage_ugraph::{BinaryOp, BlockGraph, DType, KernelGraph};
 
 /// The source of the first customized kernel of `g` for sm_90.
 fn kernel_source(g: &KernelGraph) -> String {
@@ -264,4 +264,33 @@ fn cluster_splits_shrink_until_the_gathered_partials_fit() {
     assert_eq!((k.grid, k.cluster), ([4, 1, 1], [4, 1, 1]), "{}", p.launch_summary());
     assert!(k.smem_bytes <= mirage_codegen::SM90_SMEM_BYTES, "{}", p.launch_summary());
     assert!(kernel_source(&g).contains("fa.finish<4>(mi_fa, "));
+}
+
+#[test]
+fn loads_outside_the_pipeline_are_all_in_flight_before_the_first_wait() {
+    // LoRA without a loop (the bench's winner): X, W, A and B are copied before anything
+    // reads them, so their copies go out together and one wait covers them all (not one round
+    // trip per input).
+    let dt = DType::Float16;
+    let shapes: [&[usize]; 4] = [&[8, 256], &[256, 4096], &[256, 16], &[16, 4096]];
+    let mut g = KernelGraph::new();
+    let v: Vec<_> = shapes.iter().map(|d| g.new_input(d, dt, None).expect("input")).collect();
+    let mut tb = BlockGraph::new([64, 1, 1], [256, 1, 1], 1, 64).expect("block graph");
+    let none = [-1, -1, -1];
+    let tx = tb.new_input(shapes[0], dt, none, -1).expect("x");
+    let tw = tb.new_input(shapes[1], dt, [1, -1, -1], -1).expect("w");
+    let ta = tb.new_input(shapes[2], dt, none, -1).expect("a");
+    let tbm = tb.new_input(shapes[3], dt, [1, -1, -1], -1).expect("b");
+    let xw = tb.matmul(tx, tw).expect("xw");
+    let xa = tb.matmul(tx, ta).expect("xa");
+    let xab = tb.matmul(xa, tbm).expect("xab");
+    let out = tb.binary(BinaryOp::Add, xw, xab).expect("add");
+    tb.new_output(out, [1, -1, -1], -1).expect("output");
+    let o = g.customized(&v, tb).expect("customized");
+    g.mark_output(o[0], None).expect("output");
+    let src = kernel_source(&g);
+    let first_wait = src.find("mi::cp_async_wait<0>();").expect("a wait");
+    assert_eq!(src[..first_wait].matches("mi::cp_async_commit();").count(), 4, "{src}");
+    assert_eq!(src.matches("mi::cp_async_wait<0>();").count(), 1, "{src}");
+    assert!(first_wait < src.find("mi::matmul_tile").expect("a matmul"), "{src}");
 }

@@ -1448,9 +1448,8 @@ impl Ctx<'_> {
             // The copies of tiles loaded outside the pipeline are waited for just before the
             // first step that touches one, so that every load before it is in flight at once
             // (LoRA issued its four inputs one round trip after another).
-            if !matches!(step, Step::Load { .. })
-                && overlaps(&ranges_of(&pending), &[w.as_slice(), r.as_slice()].concat())
-            {
+            let waiting = ranges_of(&pending);
+            if !matches!(step, Step::Load { .. }) && (overlaps(&waiting, &r) || overlaps(&waiting, &w)) {
                 wl!(s, "{ind}mi::cp_async_wait<0>();");
                 pending.clear();
             }

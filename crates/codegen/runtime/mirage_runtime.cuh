@@ -83,13 +83,16 @@ __device__ __forceinline__ int pidx(int i) {
 // chunk of 8 consecutive rows (an ldmatrix phase) and a quarter warp's 16-byte copies into
 // consecutive rows (cp.async) each land in 8 distinct groups of 4 banks; padding cannot serve
 // both. With CH = 8 (128-byte rows) it is the wgmma 128-byte swizzle, c ^ (r % 8), from a
-// 1024-byte aligned base.
+// 1024-byte aligned base. Wider rows (CH a multiple of 8) take the same pattern in each of
+// their 128-byte segments: a row's copies fill whole aligned 128-byte lines (cp.async writes
+// that straddle 32-byte sectors, as a 16-byte row padding makes them, run at a quarter to half
+// the rate from L2) and ldmatrix's 8 rows of one chunk stay in distinct banks.
 template <int INNER, int CE>
 __device__ __forceinline__ int swz(int row, int col) {
-  constexpr unsigned CH = INNER / CE, RS = 8 / CH;
-  static_assert(CH == 2 || CH == 4 || CH == 8, "swz: rows of 2, 4 or 8 chunks");
+  constexpr unsigned CH = INNER / CE, XW = CH < 8 ? CH : 8, RS = 8 / XW;
+  static_assert(CH == 2 || CH == 4 || CH % 8 == 0, "swz: rows of 2, 4 or a multiple of 8 chunks");
   const unsigned r = static_cast<unsigned>(row), c = static_cast<unsigned>(col);
-  return static_cast<int>(r * INNER + ((c / CE) ^ ((r / RS) % CH)) * CE + c % CE);
+  return static_cast<int>(r * INNER + ((c / CE) ^ ((r / RS) % XW)) * CE + c % CE);
 }
 
 // Shared-memory index of element i (row-major) of such a swizzled tile.
@@ -707,17 +710,25 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
 
 // The A fragment of an m16n8k16 mma: rows mt*16.. and columns k0..k0+15 of a 16-bit tile with
 // rows LD elements apart; rows at or past M read as zero. LDSM: whole rows of 16-byte
-// vectors (M % 16 == 0, LD % 8 == 0), read with one ldmatrix.
-template <int M, int LD, bool LDSM, typename T>
+// vectors (M % 16 == 0, LD % 8 == 0), read with one ldmatrix. SW: the rows are unpadded
+// (LD elements) and their chunks swizzled (`swz<LD, 8>`).
+template <int M, int LD, bool LDSM, typename T, bool SW = false>
 __device__ __forceinline__ void a_frag(unsigned* a, const T* A, int mt, int k0, int lane) {
+  const auto at = [&](int r, int c) {
+    if constexpr (SW) {
+      return swz<LD, 8>(r, c);
+    } else {
+      return r * LD + c;
+    }
+  };
   if constexpr (LDSM) {
-    ldsm_x4(a, A + (mt * 16 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
+    ldsm_x4(a, A + at(mt * 16 + (lane & 15), k0 + (lane >> 4) * 8));
   } else {
     const int r0 = mt * 16 + (lane >> 2), r1 = r0 + 8, ka = k0 + (lane & 3) * 2, kb = ka + 8;
-    a[0] = r0 < M ? *reinterpret_cast<const unsigned*>(A + r0 * LD + ka) : 0u;
-    a[1] = r1 < M ? *reinterpret_cast<const unsigned*>(A + r1 * LD + ka) : 0u;
-    a[2] = r0 < M ? *reinterpret_cast<const unsigned*>(A + r0 * LD + kb) : 0u;
-    a[3] = r1 < M ? *reinterpret_cast<const unsigned*>(A + r1 * LD + kb) : 0u;
+    a[0] = r0 < M ? *reinterpret_cast<const unsigned*>(A + at(r0, ka)) : 0u;
+    a[1] = r1 < M ? *reinterpret_cast<const unsigned*>(A + at(r1, ka)) : 0u;
+    a[2] = r0 < M ? *reinterpret_cast<const unsigned*>(A + at(r0, kb)) : 0u;
+    a[3] = r1 < M ? *reinterpret_cast<const unsigned*>(A + at(r1, kb)) : 0u;
   }
 }
 
@@ -727,8 +738,8 @@ __device__ __forceinline__ void a_frag(unsigned* a, const T* A, int mt, int k0, 
 // so an iteration has no barrier and no shared-memory traffic for C. `finish` adds the KS slices
 // into C once, after the loop. A and B: 16-bit tiles in shared memory, K % 16 == 0, N % 8 == 0,
 // LDB a multiple of 8 (ldmatrix rows); A rows past M read as zero. SWB: B is stored unpadded
-// with its rows' chunks swizzled (`swz`, LDB == N).
-template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWB = false>
+// with its rows' chunks swizzled (`swz`, LDB == N); SWA: A likewise (`swz<LDA, 8>`, LDA == K).
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWB = false, bool SWA = false>
 struct MmaAcc {
   static constexpr int NW = NT / 32, MT = (M + 15) / 16, N8 = N / 8, KSTEPS = K / 16;
   static constexpr int FR = BATCH * MT * N8;
@@ -769,7 +780,7 @@ struct MmaAcc {
           const int b = bm / MT, mt = bm % MT;
           if (bm != am) {
             am = bm;
-            a_frag<M, LDA, A_LDSM>(a, A + b * M * LDA, mt, k0, lane);
+            a_frag<M, LDA, A_LDSM, T, SWA>(a, A + b * M * LDA, mt, k0, lane);
           }
           unsigned bb[2];
           const int br = b * K + k0 + (lane & 15);
@@ -847,7 +858,7 @@ struct MmaAcc {
 // the sums of squares. Products of 16-bit values are exact in fp32, so the result is that of
 // fp32 accumulation. Warps split row groups and 16-column steps like MmaAcc; `finish` adds the
 // slices once, after the loop. Rows past ROWS read as zero.
-template <int NT, int ROWS, int LEN, int LD, typename T, bool SQ>
+template <int NT, int ROWS, int LEN, int LD, typename T, bool SQ, bool SW = false>
 struct RowSumAcc {
   static constexpr int NW = NT / 32, MT = (ROWS + 15) / 16, KSTEPS = LEN / 16;
   static constexpr int G = MT < NW ? MT : NW;
@@ -881,7 +892,7 @@ struct RowSumAcc {
         const int mt = gi + j * G;
         if (MT % G == 0 || mt < MT) {
           unsigned a[4];
-          a_frag<ROWS, LD, A_LDSM>(a, A, mt, k0, lane);
+          a_frag<ROWS, LD, A_LDSM, T, SW>(a, A, mt, k0, lane);
           if constexpr (SQ) {
             const unsigned b0[2] = {a[0], a[2]}, b1[2] = {a[1], a[3]};
             mma_16816<T>(d[j][0], a, b0);

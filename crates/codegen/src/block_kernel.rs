@@ -25,6 +25,8 @@ use crate::program::{BufferRef, DevBuffer, Storage};
 
 /// Alignment of every shared-memory buffer in bytes.
 const SMEM_ALIGN: usize = 16;
+/// Byte alignment of swizzled tiles: a 128-byte line.
+const SWZ_ALIGN: usize = 128;
 /// Shared memory one block may have on sm_90 (H100, H200: 227 KiB opted in).
 pub const SM90_SMEM_BYTES: usize = 227 * 1024;
 
@@ -127,10 +129,13 @@ struct Layout {
     /// Row pitch in elements (`inner` or `inner` + 16 bytes of padding).
     ld: usize,
     /// Elements per 16-byte chunk when the rows are unpadded and their chunks XOR-swizzled by
-    /// the row (`mi::swz`; rows of 2 or 4 chunks read only as a tensor-core B operand, or the
-    /// attention's wgmma operands: rows of 8 chunks, wider rows as column blocks of 8 chunks,
-    /// `mi::swzb`).
+    /// the row (`mi::swz`): rows of 2 or 4 chunks read only as a tensor-core B operand, rows of
+    /// a multiple of 8 chunks read only as register-accumulated matmul operands or row sums
+    /// (the 128-byte pattern in each 128-byte segment), or the attention's wgmma operands.
     swz: Option<usize>,
+    /// With `swz`: rows wider than 8 chunks stored as column blocks of 8 chunks (`mi::swzb`,
+    /// the wgmma attention's K).
+    blocks: bool,
     /// Rows (product of the other dims).
     rows: usize,
     /// Whether 16-byte vector copies apply (checked again at run time for the pointer).
@@ -144,13 +149,13 @@ impl Layout {
     fn offset(&self, i: usize) -> usize {
         let (row, col) = (i / self.inner, i % self.inner);
         match self.swz {
-            Some(ce) if self.inner > 8 * ce => {
+            Some(ce) if self.blocks && self.inner > 8 * ce => {
                 let (blk, c) = (8 * ce, col % (8 * ce));
                 (col / blk) * self.rows * blk + row * blk + ((c / ce) ^ (row % 8)) * ce + c % ce
             }
             Some(ce) => {
-                let ch = self.inner / ce;
-                row * self.inner + ((col / ce) ^ ((row / (8 / ch)) % ch)) * ce + col % ce
+                let xw = (self.inner / ce).min(8);
+                row * self.inner + ((col / ce) ^ ((row / (8 / xw)) % xw)) * ce + col % ce
             }
             None => row * self.ld + col,
         }
@@ -159,7 +164,7 @@ impl Layout {
     /// Shared-memory index of tile element `idx` (a C++ expression).
     fn index(&self, idx: &str) -> String {
         match self.swz {
-            Some(ce) if self.inner > 8 * ce => format!("mi::swzb<{}, {}>({idx})", self.inner, self.rows),
+            Some(ce) if self.blocks && self.inner > 8 * ce => format!("mi::swzb<{}, {}>({idx})", self.inner, self.rows),
             Some(ce) => format!("mi::swz<{}, {ce}>({idx})", self.inner),
             None if self.ld != self.inner => format!("mi::pidx<{}, {}>({idx})", self.inner, self.ld),
             None => idx.to_string(),
@@ -590,6 +595,32 @@ fn emit_with(
                 matches!(st, Step::MatAcc { op, .. } if bg.ops[op].inputs[1] == t && bg.ops[op].inputs[0] != t)
             })
     };
+    // Whether every reader of tile `t` reads it through `mi::swz` with rows of a multiple of 8
+    // chunks, whole 16-row groups by ldmatrix: as one operand of a register-accumulated loop
+    // matmul or as the rows of a register row-sum accumulator (`Ctx::sum_acc`). (Fewer rows
+    // are read a word at a time, where the swizzle's index arithmetic cost more than the
+    // aligned copies gained: RMSNorm+Linear b=1, 2 rows, 14.6 -> 16.6 us.)
+    let only_swizzle_readers = |t: STensorId| {
+        let mut readers = steps.iter().filter(|&&(sec, st)| rw(sec, st).1.contains(&t)).peekable();
+        readers.peek().is_some()
+            && readers.all(|&(_, st)| match st {
+                Step::MatAcc { op, .. } => {
+                    let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
+                    let da = &bg.tensors[a].dims;
+                    (a == t) != (b == t) && (b == t || da[da.len() - 2].is_multiple_of(16))
+                }
+                Step::Accum { op } => {
+                    let x = &bg.tensors[t];
+                    let (len, rows) = (x.dims[x.dims.len() - 1], numel(&x.dims[..x.dims.len() - 1]));
+                    matches!(bg.ops[op].kind, BlockOpKind::ForloopAccum { acc: Accum::Rms | Accum::Mean })
+                        && bg.ops[op].inputs[0] == t
+                        && x.phase == Phase::Loop
+                        && rows.is_multiple_of(16)
+                        && row_sum_acc_fits(nt, rows, len)
+                }
+                _ => false,
+            })
+    };
     // Input tiles materialised in shared memory: their row pitch (padded against bank
     // conflicts when the rows are whole 16-byte chunks) and whether the loop stages them.
     let mut layout: Vec<Option<Layout>> = vec![None; n_t];
@@ -608,11 +639,17 @@ fn emit_with(
             // Rows of 2 or 4 chunks: no padding keeps both a quarter warp's copies (spanning
             // rows) and ldmatrix's 8 rows of one chunk free of bank conflicts; a swizzle does.
             let chunks = inner * es / 16;
-            let swz =
-                (vector && es == 2 && rows > 1 && (chunks == 2 || chunks == 4) && only_mma_b(t)).then_some(16 / es);
+            // Rows of whole 128-byte lines: a swizzle where the readers take it, since padded
+            // rows make every cp.async write straddle 32-byte sectors (2-5x slower from L2).
+            let swz = (vector
+                && es == 2
+                && rows > 1
+                && (((chunks == 2 || chunks == 4) && only_mma_b(t))
+                    || (chunks.is_multiple_of(8) && only_swizzle_readers(t))))
+            .then_some(16 / es);
             let ld =
                 if swz.is_none() && vector && rows > 1 && chunks.is_multiple_of(2) { inner + 16 / es } else { inner };
-            layout[t] = Some(Layout { inner, ld, swz, rows, vector, staged: sec == Section::Loop });
+            layout[t] = Some(Layout { inner, ld, swz, blocks: false, rows, vector, staged: sec == Section::Loop });
         }
     }
 
@@ -623,7 +660,8 @@ fn emit_with(
         let inner = tile[tile.len() - 1];
         let rows = numel(tile) / inner;
         if st != Storage::F32 && streamed[t].is_none() && mm_operand[t] && rows > 1 && (inner * 2).is_multiple_of(32) {
-            layout[t] = Some(Layout { inner, ld: inner + 8, swz: None, rows, vector: false, staged: false });
+            layout[t] =
+                Some(Layout { inner, ld: inner + 8, swz: None, blocks: false, rows, vector: false, staged: false });
         }
     }
 
@@ -652,9 +690,20 @@ fn emit_with(
                 let only_flash = steps.iter().all(|&(sec, st)| st == Step::Flash || !rw(sec, st).1.contains(&t));
                 match layout[t] {
                     Some(l) if l.staged && l.vector && l.inner == inner && only_flash => {
-                        layout[t] = Some(Layout { ld: inner, swz: Some(8), ..l });
+                        layout[t] = Some(Layout { ld: inner, swz: Some(8), blocks: inner > 64, ..l });
                     }
                     _ => return Ok(None),
+                }
+            }
+        } else {
+            // The mma.sync form reads K and V with ldmatrix through a pitch: rows of whole
+            // 128-byte lines are padded by 32 bytes, not 16, so that every copied sector lands
+            // on a 32-byte boundary.
+            for t in [f.k, f.v] {
+                if let Some(l) = layout[t] {
+                    if l.staged && l.vector && l.swz.is_none() && l.inner % 64 == 0 && l.ld == l.inner + 8 {
+                        layout[t] = Some(Layout { ld: l.inner + 16, ..l });
+                    }
                 }
             }
         }
@@ -743,7 +792,15 @@ fn emit_with(
                 }
                 None => {
                     let wg_tile = fr.as_ref().is_some_and(|f| f.wg.is_some() && (t == f.k || t == f.v));
-                    let align = if wg_tile { WG_ALIGN } else { SMEM_ALIGN };
+                    // Swizzled rows sit on whole 128-byte lines (their copies' and ldmatrix's
+                    // bank pattern assumes it).
+                    let align = if wg_tile {
+                        WG_ALIGN
+                    } else if layout[t].is_some_and(|l| l.swz.is_some()) {
+                        SWZ_ALIGN
+                    } else {
+                        SMEM_ALIGN
+                    };
                     buffers.push(Buffer { size, start: s, end: e, offset: 0, align });
                     buf_of[t] = Some(buffers.len() - 1);
                 }
@@ -847,6 +904,13 @@ pub(crate) fn mma_acc_scratch(nt: usize, batch: usize, m: usize, n: usize, k: us
     } else {
         0
     }
+}
+
+/// Whether `mi::RowSumAcc` takes `rows` rows of `len` (16-column steps, at most four row
+/// groups per warp).
+pub(crate) fn row_sum_acc_fits(nt: usize, rows: usize, len: usize) -> bool {
+    let mt = rows.div_ceil(16);
+    len.is_multiple_of(16) && mt.div_ceil(mt.min(nt / 32)) <= 4
 }
 
 /// K slices of `mi::RowSumAcc` over `rows` rows of `len` (its `KS`).
@@ -1000,12 +1064,13 @@ impl Ctx<'_> {
     }
 
     /// Row pitch and element type of tile `t` when it is a staged 16-bit tile whose rows can be
-    /// read 16 bytes at a time (`mi::row_sums_vec`).
+    /// read 16 bytes at a time, in order (`mi::row_sums_vec`; not swizzled).
     fn vec_rows(&self, t: STensorId) -> Option<(usize, &'static str)> {
         let l = self.layout[t]?;
         let st = self.storage[t]?;
         let ok = self.streamed[t].is_none()
             && st != Storage::F32
+            && l.swz.is_none()
             && l.inner == *self.dims(t).last()?
             && l.inner % 8 == 0
             && l.ld % 8 == 0;
@@ -1062,11 +1127,16 @@ impl Ctx<'_> {
         let dx = self.dims(x);
         let len = *dx.last()?;
         let rows = numel(&dx[..dx.len() - 1]);
-        let (ld, cty) = self.vec_rows(x)?;
-        let nw = self.nt / 32;
-        let (mt, g) = (rows.div_ceil(16), rows.div_ceil(16).min(nw));
-        let ok = len.is_multiple_of(16) && self.bg.tensors[x].phase == Phase::Loop && mt.div_ceil(g) <= 4;
-        ok.then(|| format!("mi::RowSumAcc<NT, {rows}, {len}, {ld}, {cty}, {}>", acc == Accum::Rms))
+        // Row-major rows, or unpadded rows swizzled as `swz<len, 8>`.
+        let (ld, cty, sw) = match (self.vec_rows(x), self.layout[x], self.storage[x]) {
+            (Some((ld, cty)), ..) => (ld, cty, ""),
+            (None, Some(l), Some(st)) if l.swz == Some(8) && !l.blocks && l.inner == len && st != Storage::F32 => {
+                (len, st.cty(), ", true")
+            }
+            _ => return None,
+        };
+        let ok = self.bg.tensors[x].phase == Phase::Loop && row_sum_acc_fits(self.nt, rows, len);
+        ok.then(|| format!("mi::RowSumAcc<NT, {rows}, {len}, {ld}, {cty}, {}{sw}>", acc == Accum::Rms))
     }
 
     /// The shared scratch (byte offset, bytes) of a register accumulator's finish at `step`.
@@ -1091,8 +1161,14 @@ impl Ctx<'_> {
     /// The `mi::MmaAcc` type of loop matmul `op` (operands: loaded 16-bit tiles).
     fn mma_acc_type(&self, op: usize) -> String {
         let ty = self.storage[self.bg.ops[op].inputs[0]].map_or("mi::f16", Storage::cty);
-        let swb = self.layout[self.bg.ops[op].inputs[1]].is_some_and(|l| l.swz.is_some());
-        format!("mi::MmaAcc<NT, {}, {ty}{}>", self.mm_shape(op), if swb { ", true" } else { "" })
+        let sw = |t: STensorId| self.layout[t].is_some_and(|l| l.swz.is_some());
+        let (swa, swb) = (sw(self.bg.ops[op].inputs[0]), sw(self.bg.ops[op].inputs[1]));
+        let flags = match (swb, swa) {
+            (_, true) => format!(", {swb}, true"),
+            (true, false) => ", true".to_string(),
+            (false, false) => String::new(),
+        };
+        format!("mi::MmaAcc<NT, {}, {ty}{flags}>", self.mm_shape(op))
     }
 
     /// Shared-memory element `idx` (row-major over the tile's dims) of tile `t`, through its
@@ -1891,7 +1967,7 @@ mod tests {
     #[test]
     fn swizzled_narrow_rows_are_free_of_bank_conflicts() {
         for inner in [16, 32] {
-            let l = Layout { inner, ld: inner, swz: Some(8), rows: 64, vector: true, staged: true };
+            let l = Layout { inner, ld: inner, swz: Some(8), blocks: false, rows: 64, vector: true, staged: true };
             let chunks = inner / 8;
             for row0 in (0..64).step_by(8) {
                 for c in 0..chunks {
@@ -1916,7 +1992,7 @@ mod tests {
     fn wide_swizzled_rows_are_column_blocks_of_one_atom_each() {
         // [64, 256] as 4 blocks of [64, 64]: a permutation; each block is 8 KiB of its own,
         // and within a block every row's 8 chunks are XOR-swizzled by the row (conflict-free).
-        let l = Layout { inner: 256, ld: 256, swz: Some(8), rows: 64, vector: true, staged: true };
+        let l = Layout { inner: 256, ld: 256, swz: Some(8), blocks: true, rows: 64, vector: true, staged: true };
         let mut seen = vec![false; 64 * 256];
         for i in 0..64 * 256 {
             let o = l.offset(i);
@@ -1932,11 +2008,36 @@ mod tests {
     }
 
     #[test]
+    fn wide_row_major_swizzled_rows_keep_each_line_whole_and_ldmatrix_conflict_free() {
+        // [32, 256] row-major: every 128-byte segment of a row is a permutation of itself (a
+        // copy of one global line fills one aligned shared line), and one chunk of any 8
+        // consecutive rows (an ldmatrix phase) meets 8 distinct bank groups.
+        for inner in [64, 128, 256] {
+            let l = Layout { inner, ld: inner, swz: Some(8), blocks: false, rows: 32, vector: true, staged: true };
+            for row in 0..32 {
+                for seg in 0..inner / 64 {
+                    let mut o: Vec<usize> = (0..64).map(|c| l.offset(row * inner + seg * 64 + c)).collect();
+                    o.sort_unstable();
+                    let base = row * inner + seg * 64;
+                    assert_eq!(o, (base..base + 64).collect::<Vec<_>>(), "inner {inner} row {row} segment {seg}");
+                }
+            }
+            for row0 in (0..32).step_by(8) {
+                for c in 0..inner / 8 {
+                    let ldsm = (0..8).map(|r| (row0 + r) * inner + c * 8);
+                    assert!(conflict_free(&l, ldsm), "inner {inner}, rows {row0}.., chunk {c}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn padding_alone_cannot_serve_narrow_rows() {
         // The reason for the swizzle: with 64-byte rows at any 16-byte-multiple pitch, either an
         // ldmatrix phase or a quarter warp's copies hit a bank group twice.
         for pad in 0..8 {
-            let l = Layout { inner: 32, ld: 32 + pad * 8, swz: None, rows: 64, vector: true, staged: true };
+            let l =
+                Layout { inner: 32, ld: 32 + pad * 8, swz: None, blocks: false, rows: 64, vector: true, staged: true };
             let ldsm = conflict_free(&l, (0..8).map(|r| r * 32));
             let copies = conflict_free(&l, (0..8).map(|q| q * 8));
             assert!(!(ldsm && copies), "pitch {}", l.ld);

@@ -1,7 +1,7 @@
 //! What the generated block kernels look like, without a GPU: per-iteration input tiles go
 //! through a multi-stage `cp.async` pipeline with 16-byte copies, rows of tiles that feed
-//! tensor-core matmuls are padded (or swizzled, when narrow), and barriers sit only where a
-//! shared-memory hazard needs one.
+//! tensor-core matmuls are swizzled (or padded, when their rows are neither whole 128-byte lines
+//! nor 2 or 4 chunks), and barriers sit only where a shared-memory hazard needs one.
 
 use mirage_codegen::{generate, Options};
 use mirage_ugraph::zoo::{self, Attn};
@@ -49,9 +49,11 @@ fn loop_tiles_are_pipelined_with_vector_copies() {
     // One address pair per tile and thread; the copies add constants (W [256, 32]: 128 threads
     // of 8 elements cover 32 rows, of pitch 32 in shared memory and 4096 in W).
     assert!(src.contains("mi::cp_async16(dst + 1024, src + 131072LL);"), "{src}");
-    // W's rows of 64 bytes are swizzled, not padded, and the matmul reads B through the swizzle.
+    // W's rows of 64 bytes are swizzled, not padded, and the matmul reads B through the swizzle;
+    // X's two rows are padded (read a word at a time).
     assert!(src.contains("mi::swz<32, 8>(i)"), "{src}");
     assert!(src.contains(", 264, 32, mi::f16, true> mm"), "{src}");
+    assert!(src.contains("mi::RowSumAcc<NT, 2, 256, 264, mi::f16, true> rs"), "{src}");
     let body = loop_body(&src);
     // The wait's barrier at the top of the iteration is the only one the loop needs: the
     // rms accumulator and the matmul read the staged tiles and write separate accumulators.
@@ -59,12 +61,18 @@ fn loop_tiles_are_pipelined_with_vector_copies() {
 }
 
 #[test]
-fn tensor_core_operands_are_padded_against_bank_conflicts() {
+fn tensor_core_operands_are_swizzled_or_padded_against_bank_conflicts() {
+    // W tile [256, 64] fp16: rows of 128 bytes, swizzled; X [16, 256] too.
     let pair = zoo::rmsnorm_linear(16, 4096, 4096, 64, 16, DType::Float16).expect("zoo");
     let src = kernel_source(&pair.ugraph);
-    // W tile [256, 64] fp16: rows of 128 bytes get 16 bytes of padding (pitch 72 elements).
-    assert!(src.contains("mi::pidx<64, 72>"), "{src}");
-    assert!(src.contains(", 264, 72, mi::f16> mm"), "the matmul reads A and B with pitches 264 and 72: {src}");
+    assert!(src.contains("mi::swz<64, 8>(i)"), "{src}");
+    assert!(!src.contains("mi::pidx<"), "{src}");
+    assert!(src.contains(", 256, 64, mi::f16, true, true> mm"), "{src}");
+    // W tile [256, 48]: rows of 96 bytes, not whole lines, get 16 bytes of padding (pitch 56).
+    let pair = zoo::rmsnorm_linear(16, 4096, 6144, 128, 16, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    assert!(src.contains("mi::pidx<48, 56>"), "{src}");
+    assert!(src.contains(", 256, 56, mi::f16, false, true> mm"), "A swizzled, B padded: {src}");
 }
 
 #[test]
@@ -78,7 +86,7 @@ fn loop_matmul_sums_stay_in_registers() {
     assert!(!body.contains("matmul_tile"), "{body}");
     assert_eq!(body.matches("__syncthreads()").count(), 1, "{body}");
     // The rms accumulator's sums of squares also stay in registers, on the tensor cores.
-    assert!(src.contains("mi::RowSumAcc<NT, 16, 256, 264, mi::f16, true> rs"), "{src}");
+    assert!(src.contains("mi::RowSumAcc<NT, 16, 256, 256, mi::f16, true, true> rs"), "{src}");
     assert!(body.contains(".step(t0);"), "{body}");
     assert!(!body.contains("row_sums_vec"), "{body}");
     let after = &src[src.find(body).map_or(0, |i| i + body.len())..];
@@ -117,13 +125,15 @@ fn exp_tiles_stay_fp32_unless_the_running_max_bounds_them() {
 fn attention_warps_take_two_row_groups_only_in_one_wave() {
     // 8 blocks (one wave): each of the 4 warps takes 2 row groups of 16 and the warps split
     // every key chunk 2 ways (RG 2, KS 2), updating the softmax 16 keys at a time (CW 16).
+    // Q's rows are padded by 16 bytes (pitch 72), the staged K and V rows of 128 bytes by 32
+    // (pitch 80: every copied 32-byte sector lands on a sector boundary).
     let one = kernel_source_for(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph, 80);
-    assert!(one.contains("mi::Flash<NT, 1, 64, 64, 64, 64, 72, 72, 72, 2, 2, 16, mi::f16"), "{one}");
+    assert!(one.contains("mi::Flash<NT, 1, 64, 64, 64, 64, 72, 80, 80, 2, 2, 16, mi::f16"), "{one}");
     // 256 blocks: one row group per warp (RG 1), so that registers stay within what several
     // blocks per SM allow.
     let many = Attn { b: 64, ..attn() };
     let src = kernel_source_for(&zoo::attention_online(many, DType::Float16).expect("zoo").ugraph, 80);
-    assert!(src.contains("mi::Flash<NT, 1, 64, 64, 64, 64, 72, 72, 72, 1, "), "{src}");
+    assert!(src.contains("mi::Flash<NT, 1, 64, 64, 64, 64, 72, 80, 80, 1, "), "{src}");
 }
 
 #[test]

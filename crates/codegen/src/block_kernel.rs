@@ -126,7 +126,7 @@ struct Ctx<'a> {
 struct Layout {
     /// Elements per row (the tile's last dim).
     inner: usize,
-    /// Row pitch in elements (`inner` or `inner` + 16 bytes of padding).
+    /// Row pitch in elements (`inner`, or `inner` plus 16 or 32 bytes of padding).
     ld: usize,
     /// Elements per 16-byte chunk when the rows are unpadded and their chunks XOR-swizzled by
     /// the row (`mi::swz`): rows of 2 or 4 chunks read only as a tensor-core B operand, rows of

@@ -304,3 +304,31 @@ fn loads_outside_the_pipeline_are_all_in_flight_before_the_first_wait() {
     assert_eq!(src.matches("mi::cp_async_wait<0>();").count(), 1, "{src}");
     assert!(first_wait < src.find("mi::matmul_tile").expect("a matmul"), "{src}");
 }
+
+#[test]
+fn the_epilogue_runs_in_registers_and_its_finishes_need_no_barrier_between() {
+    // RMSNorm + Linear after the loop: the matmul's and the rms accumulator's finishes use
+    // separate scratch, so no barrier sits between them; the [32, 32] output tile has eight
+    // elements for each of the 128 threads, so the division by the rms is computed in
+    // registers and stored 16 bytes at a time, with no tile of its own.
+    let pair = zoo::rmsnorm_linear(32, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    let after = &src[src.find("mi::cp_async_wait<0>();").expect("the final wait")..];
+    let mm = after.find(".finish(").expect("the matmul's finish");
+    let rs = mm + 1 + after[mm + 1..].find(".finish(").expect("the rms finish");
+    assert!(!after[mm..rs].contains("__syncthreads()"), "{after}");
+    assert!(after.contains("// fused element-wise -> output 0"), "{after}");
+    assert!(after.contains("mi::store8(out0 + base + (i8 / 32) * 4096 + (i8 % 32), v, vec);"), "{after}");
+    assert!(!after.contains("fused element-wise -> t"), "{after}");
+    assert_eq!(after.matches("__syncthreads()").count(), 2, "{after}");
+}
+
+#[test]
+fn an_epilogue_with_fewer_than_eight_elements_a_thread_keeps_its_tile_pass() {
+    // [16, 32] output tiles (512 elements, 128 threads): all threads take part, one element
+    // a time, through a tile.
+    let pair = zoo::rmsnorm_linear(16, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    assert!(src.contains("fused element-wise -> t"), "{src}");
+    assert!(!src.contains("fused element-wise -> output"), "{src}");
+}

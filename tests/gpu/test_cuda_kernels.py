@@ -91,6 +91,10 @@ def _zoo(name: str, dtype: str, params: list[int]) -> tuple[mi.KNGraph, mi.KNGra
 ZOO = [
     ("rmsnorm_linear", [4, 256, 512, 8, 4]),
     ("gated_mlp", [3, 256, 512, 8, 4]),
+    # 16 and 32 rows of 128-element X tiles: X swizzled, read through the swizzle by the
+    # register matmul and the register row sums; [32, 64] outputs computed in registers.
+    ("rmsnorm_linear", [32, 512, 512, 8, 4]),
+    ("gated_mlp", [16, 512, 512, 8, 4]),
     ("lora", [5, 256, 512, 16, 8, 4]),
     ("attention", [2, 32, 64, 512, 4, 2]),
     ("qknorm_attention", [2, 32, 64, 512, 4, 2]),

@@ -857,7 +857,8 @@ struct MmaAcc {
 // B = the block's own rows (the A fragment registers, reused) give A A^T, whose diagonal holds
 // the sums of squares. Products of 16-bit values are exact in fp32, so the result is that of
 // fp32 accumulation. Warps split row groups and 16-column steps like MmaAcc; `finish` adds the
-// slices once, after the loop. Rows past ROWS read as zero.
+// slices once, after the loop. Rows past ROWS read as zero. SW: the rows are unpadded and
+// their chunks swizzled (`swz<LD, 8>`, LD == LEN).
 template <int NT, int ROWS, int LEN, int LD, typename T, bool SQ, bool SW = false>
 struct RowSumAcc {
   static constexpr int NW = NT / 32, MT = (ROWS + 15) / 16, KSTEPS = LEN / 16;

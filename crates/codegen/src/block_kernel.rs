@@ -638,13 +638,8 @@ fn emit_with(
                     (a == t) != (b == t) && (b == t || da[da.len() - 2].is_multiple_of(16))
                 }
                 Step::Accum { op } => {
-                    let x = &bg.tensors[t];
-                    let (len, rows) = (x.dims[x.dims.len() - 1], numel(&x.dims[..x.dims.len() - 1]));
-                    matches!(bg.ops[op].kind, BlockOpKind::ForloopAccum { acc: Accum::Rms | Accum::Mean })
-                        && bg.ops[op].inputs[0] == t
-                        && x.phase == Phase::Loop
-                        && rows.is_multiple_of(16)
-                        && row_sum_acc_fits(nt, rows, len)
+                    bg.ops[op].inputs[0] == t
+                        && row_sum_acc_shape(bg, nt, op).is_some_and(|(rows, _)| rows.is_multiple_of(16))
                 }
                 _ => false,
             })
@@ -938,11 +933,17 @@ pub(crate) fn mma_acc_scratch(nt: usize, batch: usize, m: usize, n: usize, k: us
     }
 }
 
-/// Whether `mi::RowSumAcc` takes `rows` rows of `len` (16-column steps, at most four row
-/// groups per warp).
-pub(crate) fn row_sum_acc_fits(nt: usize, rows: usize, len: usize) -> bool {
+/// Rows and row length of the loop tile that accumulator op `op` sums when `mi::RowSumAcc`
+/// can keep its sums in registers (the shape rule; the tile's storage is the caller's): a
+/// mean or rms accumulator of a loop tile, 16-column steps, at most four row groups per warp.
+fn row_sum_acc_shape(bg: &BlockGraph, nt: usize, op: usize) -> Option<(usize, usize)> {
+    let BlockOpKind::ForloopAccum { acc: Accum::Rms | Accum::Mean } = bg.ops[op].kind else { return None };
+    let x = &bg.tensors[bg.ops[op].inputs[0]];
+    let len = *x.dims.last()?;
+    let rows = numel(&x.dims[..x.dims.len() - 1]);
     let mt = rows.div_ceil(16);
-    len.is_multiple_of(16) && mt.div_ceil(mt.min(nt / 32)) <= 4
+    let fits = x.phase == Phase::Loop && len.is_multiple_of(16) && mt.div_ceil(mt.min(nt / 32)) <= 4;
+    fits.then_some((rows, len))
 }
 
 /// K slices of `mi::RowSumAcc` over `rows` rows of `len` (its `KS`).
@@ -1154,11 +1155,9 @@ impl Ctx<'_> {
     /// vectors, at most four row groups per warp.
     fn sum_acc(&self, op: usize) -> Option<String> {
         let aop = &self.bg.ops[op];
-        let BlockOpKind::ForloopAccum { acc: acc @ (Accum::Rms | Accum::Mean) } = aop.kind else { return None };
+        let BlockOpKind::ForloopAccum { acc } = aop.kind else { return None };
         let x = aop.inputs[0];
-        let dx = self.dims(x);
-        let len = *dx.last()?;
-        let rows = numel(&dx[..dx.len() - 1]);
+        let (rows, len) = row_sum_acc_shape(self.bg, self.nt, op)?;
         // Row-major rows, or unpadded rows swizzled as `swz<len, 8>`.
         let (ld, cty, sw) = match (self.vec_rows(x), self.layout[x], self.storage[x]) {
             (Some((ld, cty)), ..) => (ld, cty, ""),
@@ -1167,8 +1166,7 @@ impl Ctx<'_> {
             }
             _ => return None,
         };
-        let ok = self.bg.tensors[x].phase == Phase::Loop && row_sum_acc_fits(self.nt, rows, len);
-        ok.then(|| format!("mi::RowSumAcc<NT, {rows}, {len}, {ld}, {cty}, {}{sw}>", acc == Accum::Rms))
+        Some(format!("mi::RowSumAcc<NT, {rows}, {len}, {ld}, {cty}, {}{sw}>", acc == Accum::Rms))
     }
 
     /// The shared scratch (byte offset, bytes) of a register accumulator's finish at `step`.

@@ -378,7 +378,7 @@ def calibrate(warmup_replays: int, replays: int) -> dict[str, float]:
     ``copy_`` and an element-wise kernel), fp16 matmul rate (8192^3) and the cost of one tiny
     kernel, all timed like the contenders but one call per replay for the rates: each call is
     long enough that the replay's launch cost does not count, and bursts of 16 large matmuls
-    ran at lower clocks (674 TFLOP/s in one run; 692-760 one call per replay in others): a
+    ran at lower clocks (674 TFLOP/s in one run; 689-769 one call per replay in five others): a
     looser floor."""
     n = 1 << 29  # 1 GiB of fp16
     src = torch.empty(n, dtype=torch.float16, device="cuda").normal_()

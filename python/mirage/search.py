@@ -84,7 +84,7 @@ _BACKENDS = ("cuda", "cpu")
 #: Candidates verified as stable when a GPU profiles them (in the search's check order).
 _GPU_TOP_N = 48
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 22
+_CACHE_VERSION = 23
 #: Candidates compiled and timed on a GPU: every one verified there. The cost model ranks
 #: attention forms roughly (the twelfth session's winners sat up to 26th of 28-38), so the
 #: timings decide among all of them.
@@ -347,6 +347,10 @@ def _input_sets(graph: KNGraph, device: int) -> list[list[Any]]:
 _EARLY_STOP = 2.0
 
 
+class _NonFinite(RuntimeError):
+    """A profiled candidate's outputs were not all finite."""
+
+
 def _time_one(
     exe: Any, sets: list[list[Any]], warmup: int, iters: int, bound: float | None = None
 ) -> tuple[float, str]:
@@ -358,10 +362,14 @@ def _time_one(
 
     inputs = sets[0] if sets else []
     device = inputs[0].device if inputs else torch.device("cuda", exe.device)
+    # Outputs start as NaN (floating point): an element a kernel leaves unwritten stays so.
     outs = [
         torch.empty_strided(tuple(d), tuple(s), dtype=getattr(torch, dt), device=device)
         for d, s, dt in exe.output_specs
     ]
+    for o in outs:
+        if o.is_floating_point():
+            o.fill_(float("nan"))
     nbytes = exe.workspace_bytes
     ws = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
     ins = [[x.data_ptr() for x in xs] for xs in sets] or [[]]
@@ -375,6 +383,11 @@ def _time_one(
         for i in range(max(warmup, len(ins))):
             launch(i)
         torch.cuda.synchronize(device)
+        # A candidate verified equivalent must still give finite outputs on these O(1)
+        # inputs: one that does not (an overflow, a race, an unwritten element) is not timed.
+        for k, o in enumerate(outs):
+            if o.is_floating_point() and not bool(torch.isfinite(o).all()):
+                raise _NonFinite(f"output {k} has inf or NaN on random inputs")
         inner = max(1, min(iters, 20), len(ins))
         reps = max(1, math.ceil(iters / inner))
         graph = None
@@ -445,6 +458,11 @@ def _profile(
         bound = None if best is None else _EARLY_STOP * timings[hashes[best]]
         try:
             us, how = _time_one(exe, sets, warmup, iters, bound)
+        except _NonFinite as e:
+            skipped[h] = f"wrong output: {e}"
+            if verbose:
+                print(f"[mirage] candidate {i} ({h[:12]}): skipped: {skipped[h]}", file=sys.stderr)
+            continue
         except RuntimeError as e:
             skipped[h] = f"launch failed: {e}"
             if verbose:

@@ -89,3 +89,18 @@ def test_profiling_stops_a_candidate_far_behind_the_fastest():
     # Within the bound: timed in full.
     _, how = _time_one(exe, sets, 2, 200, bound=us * 100)
     assert how == "cuda graph"
+
+
+def test_profiling_skips_a_candidate_whose_outputs_are_not_finite():
+    from mirage import _cuda
+    from mirage.search import _NonFinite, _time_one
+
+    g = _rmsnorm_linear(8, 512, 512)
+    exe = _cuda.executable(g, 0)
+    x = torch.randn(8, 512, device="cuda").half()
+    w = (torch.randn(512, 512, device="cuda") / 16).half()
+    _, how = _time_one(exe, [[x, w]], 2, 20)
+    assert how == "cuda graph"
+    # Weights of 60000: every product overflows fp16 (the graph is fine; these inputs are not).
+    with pytest.raises(_NonFinite, match="output 0"):
+        _time_one(exe, [[x, torch.full_like(w, 60000.0)]], 2, 20)

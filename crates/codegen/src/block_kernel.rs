@@ -1481,6 +1481,12 @@ impl Ctx<'_> {
                 wl!(s, "  for (int it = 0; it < {}; ++it) {{", bg.forloop_range);
                 in_loop = true;
                 if staged.is_empty() {
+                    // Copies issued before the loop and not yet waited for land before the
+                    // barrier that publishes them (the barrier clears every dirty range).
+                    if !pending.is_empty() {
+                        wl!(s, "    mi::cp_async_wait<0>();");
+                        pending.clear();
+                    }
                     wl!(s, "    __syncthreads();");
                 } else if n_stages >= 2 {
                     // The wgmma form with three stages or more also reads the next iteration's

@@ -5,7 +5,7 @@
 
 use mirage_codegen::{generate, Options};
 use mirage_ugraph::zoo::{self, Attn};
-use mirage_ugraph::{BinaryOp, BlockGraph, DType, KernelGraph};
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph};
 
 /// The source of the first customized kernel of `g` for sm_90.
 fn kernel_source(g: &KernelGraph) -> String {
@@ -331,4 +331,28 @@ fn an_epilogue_with_fewer_than_eight_elements_a_thread_keeps_its_tile_pass() {
     let src = kernel_source(&pair.ugraph);
     assert!(src.contains("fused element-wise -> t"), "{src}");
     assert!(!src.contains("fused element-wise -> output"), "{src}");
+}
+
+#[test]
+fn copies_issued_before_a_loop_land_before_its_first_barrier() {
+    // Q's rows normalised by an rms accumulator over a loop of one iteration (a QK-norm
+    // candidate): Q is copied before the loop, which stages nothing, so its copies are waited
+    // for before the barrier at the top of the loop, not after it (the threads would read
+    // each other's rows before they land: rms 0, inf out).
+    let dt = DType::Float16;
+    let mut g = KernelGraph::new();
+    let q = g.new_input(&[16, 256, 64], dt, None).expect("input");
+    let mut tb = BlockGraph::new([8, 16, 1], [128, 1, 1], 1, 64).expect("block graph");
+    let tq = tb.new_input(&[16, 256, 64], dt, [0, 1, -1], -1).expect("q");
+    let rms = tb.forloop_accum(tq, Accum::Rms).expect("rms");
+    let out = tb.binary(BinaryOp::Div, tq, rms).expect("div");
+    tb.new_output(out, [0, 1, -1], -1).expect("output");
+    let o = g.customized(&[q], tb).expect("customized");
+    g.mark_output(o[0], None).expect("output");
+    let src = kernel_source(&g);
+    let body = loop_body(&src);
+    let wait = body.find("mi::cp_async_wait<0>();").expect("a wait in the loop");
+    let barrier = body.find("__syncthreads();").expect("a barrier in the loop");
+    assert!(wait < barrier, "{body}");
+    assert!(body.find("row_sums").expect("the row sums") > barrier, "{body}");
 }

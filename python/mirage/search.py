@@ -458,13 +458,9 @@ def _profile(
         bound = None if best is None else _EARLY_STOP * timings[hashes[best]]
         try:
             us, how = _time_one(exe, sets, warmup, iters, bound)
-        except _NonFinite as e:
-            skipped[h] = f"wrong output: {e}"
-            if verbose:
-                print(f"[mirage] candidate {i} ({h[:12]}): skipped: {skipped[h]}", file=sys.stderr)
-            continue
         except RuntimeError as e:
-            skipped[h] = f"launch failed: {e}"
+            why = "wrong output" if isinstance(e, _NonFinite) else "launch failed"
+            skipped[h] = f"{why}: {e}"
             if verbose:
                 print(f"[mirage] candidate {i} ({h[:12]}): skipped: {skipped[h]}", file=sys.stderr)
             continue

@@ -1481,8 +1481,9 @@ impl Ctx<'_> {
                 wl!(s, "  for (int it = 0; it < {}; ++it) {{", bg.forloop_range);
                 in_loop = true;
                 if staged.is_empty() {
-                    // Copies issued before the loop and not yet waited for land before the
-                    // barrier that publishes them (the barrier clears every dirty range).
+                    // Copies issued before the loop and not yet waited for land before this
+                    // barrier, which then publishes them (not a wait and a barrier in every
+                    // iteration at their first reader).
                     if !pending.is_empty() {
                         wl!(s, "    mi::cp_async_wait<0>();");
                         pending.clear();
@@ -1527,7 +1528,10 @@ impl Ctx<'_> {
                     }
                     wl!(s, "    __syncthreads();");
                 }
+                // A barrier publishes only the copies already waited for: tiles still in
+                // flight stay dirty, so their first reader gets its wait and a barrier after it.
                 dirty_w.clear();
+                dirty_w.extend(ranges_of(&pending));
                 dirty_r.clear();
             }
             if *sec == Section::Post && in_loop {
@@ -1568,6 +1572,7 @@ impl Ctx<'_> {
             if overlaps(&r, &dirty_w) || overlaps(&w, &dirty_w) || overlaps(&w, &dirty_r) {
                 wl!(s, "{ind}__syncthreads();");
                 dirty_w.clear();
+                dirty_w.extend(ranges_of(&pending));
                 dirty_r.clear();
             }
             let body = match *step {

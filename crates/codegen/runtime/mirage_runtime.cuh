@@ -102,6 +102,17 @@ __device__ __forceinline__ int swz(int i) {
   return swz<INNER, CE>(static_cast<int>(u / INNER), static_cast<int>(u % INNER));
 }
 
+// Offset of element (r, c) of a 16-bit tile with rows LD elements apart, or, with SW, unpadded
+// rows whose chunks are swizzled (`swz<LD, 8>`).
+template <int LD, bool SW>
+__device__ __forceinline__ int tile_at(int r, int c) {
+  if constexpr (SW) {
+    return swz<LD, 8>(r, c);
+  } else {
+    return r * LD + c;
+  }
+}
+
 // Shared-memory index of element i (row-major) of a [ROWS][INNER] 16-bit tile stored as column
 // blocks of 64 (each [ROWS][64], `swz<64, 8>`): the layout wgmma reads a wide MN-major
 // operand in, one 128-byte swizzle atom per block.
@@ -565,7 +576,11 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
 // When there are fewer output fragments than warps, KSL warps share each fragment, each
 // taking a slice of K; slices 1.. hand their partial sums to slice 0 through `scratch`
 // (NT * 16 bytes of shared memory) around a barrier.
-template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, class Epi>
+//
+// SWA / SWB: A / B stored unpadded (LDA == K, LDB == N) with each row's 16-byte chunks
+// XOR-swizzled by the row over the whole [BATCH * rows] tile (`swz<LD, 8>`), so that their
+// cp.async copies write whole 32-byte sectors; read through ldmatrix or word loads only.
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWA, bool SWB, class Epi>
 __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratch, Epi epi) {
   constexpr int NW = NT / 32;
   constexpr int MT = (M + 15) / 16, NT8 = (N + 7) / 8;
@@ -585,6 +600,8 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
   // KC independent accumulator chains over alternating k-steps: a lone fragment's mma
   // sequence is latency-bound otherwise.
   constexpr int KC = (NF == 1 && K / KSL >= 64) ? 2 : 1;
+  static_assert(!SWA || (LDA == K && (A_LDSM || A_WORD)), "matmul_mma: swizzled A");
+  static_assert(!SWB || (LDB == N && B_LDSM), "matmul_mma: swizzled B");
   const int t = lin_tid();
   const int lane = t & 31;
   const int g = lane >> 2, q = lane & 3;
@@ -595,6 +612,7 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
     const int mt = (f / NG) % MT, ng = f % NG;
     const T* Ab = A + b * M * LDA;
     const T* Bb = B + b * K * LDB;
+    const int ar = b * M, br = b * K;  // the batch item's first rows (swizzled offsets)
     const int r0 = mt * 16 + g, r1 = r0 + 8;
     float dc[KC * NF][4];
 #pragma unroll
@@ -603,7 +621,14 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
       const int ka = k0 + q * 2, kb = ka + 8;
       unsigned a[4], bq[4];
       (void)bq;
-      if constexpr (A_LDSM) {
+      if constexpr (SWA && A_LDSM) {
+        ldsm_x4(a, A + tile_at<LDA, SWA>(ar + mt * 16 + (lane & 15), k0 + (lane >> 4) * 8));
+      } else if constexpr (SWA) {
+        a[0] = r0 < M ? *reinterpret_cast<const unsigned*>(A + tile_at<LDA, SWA>(ar + r0, ka)) : 0u;
+        a[1] = r1 < M ? *reinterpret_cast<const unsigned*>(A + tile_at<LDA, SWA>(ar + r1, ka)) : 0u;
+        a[2] = r0 < M ? *reinterpret_cast<const unsigned*>(A + tile_at<LDA, SWA>(ar + r0, kb)) : 0u;
+        a[3] = r1 < M ? *reinterpret_cast<const unsigned*>(A + tile_at<LDA, SWA>(ar + r1, kb)) : 0u;
+      } else if constexpr (A_LDSM) {
         ldsm_x4(a, Ab + (mt * 16 + (lane & 15)) * LDA + k0 + (lane >> 4) * 8);
       } else if constexpr (A_WORD) {
         a[0] = r0 < M ? *reinterpret_cast<const unsigned*>(Ab + r0 * LDA + ka) : 0u;
@@ -623,7 +648,8 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
         if constexpr (B_LDSM && NF % 2 == 0) {
           // Two n-fragments per ldmatrix.x4: load at even j, use the upper half at odd j.
           if (j % 2 == 0) {
-            ldsm_x4_trans(bq, Bb + (k0 + (lane & 15)) * LDB + n0 + (lane >> 4) * 8);
+            ldsm_x4_trans(bq, SWB ? B + tile_at<LDB, SWB>(br + k0 + (lane & 15), n0 + (lane >> 4) * 8)
+                                  : Bb + (k0 + (lane & 15)) * LDB + n0 + (lane >> 4) * 8);
             bb[0] = bq[0];
             bb[1] = bq[1];
           } else {
@@ -631,7 +657,7 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
             bb[1] = bq[3];
           }
         } else if constexpr (B_LDSM) {
-          ldsm_x2_trans(bb, Bb + (k0 + (lane & 15)) * LDB + n0);
+          ldsm_x2_trans(bb, SWB ? B + tile_at<LDB, SWB>(br + k0 + (lane & 15), n0) : Bb + (k0 + (lane & 15)) * LDB + n0);
         } else {
           const int col = n0 + g;
           bb[0] = pack2(Bb, col < N && ka < K, col < N && ka + 1 < K, ka * LDB + col, (ka + 1) * LDB + col);
@@ -958,31 +984,39 @@ struct RowSumAcc {
   }
 };
 
-// CUDA-core path: a thread per output element, fp32 fused multiply-adds.
-template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename TA, typename TB, class Epi>
+// CUDA-core path: a thread per output element, fp32 fused multiply-adds (SWA / SWB as
+// `matmul_mma`'s).
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, bool SWA, bool SWB, typename TA, typename TB, class Epi>
 __device__ __forceinline__ void matmul_simt(const TA* A, const TB* B, Epi epi) {
   for (int c = lin_tid(); c < BATCH * M * N; c += NT) {
     const int b = c / (M * N);
     const int m = (c / N) % M, n = c % N;
-    const TA* a = A + b * M * LDA + m * LDA;
-    const TB* bp = B + b * K * LDB + n;
     float acc = 0.0f;
-    for (int k = 0; k < K; ++k) acc = fmaf(to_f32(a[k]), to_f32(bp[k * LDB]), acc);
+    if constexpr (SWA || SWB) {
+      for (int k = 0; k < K; ++k) {
+        acc = fmaf(to_f32(A[tile_at<LDA, SWA>(b * M + m, k)]), to_f32(B[tile_at<LDB, SWB>(b * K + k, n)]), acc);
+      }
+    } else {
+      const TA* a = A + b * M * LDA + m * LDA;
+      const TB* bp = B + b * K * LDB + n;
+      for (int k = 0; k < K; ++k) acc = fmaf(to_f32(a[k]), to_f32(bp[k * LDB]), acc);
+    }
     epi(c, acc);
   }
 }
 
-// LDA / LDB: row pitch of A and B in elements (K and N when unpadded).
-// `scratch`: NT * 16 bytes of shared memory for split-K partial sums.
-template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename TA, typename TB, class Epi>
+// LDA / LDB: row pitch of A and B in elements (K and N when unpadded). SWA / SWB: A / B
+// unpadded with their rows' chunks swizzled (`swz<LD, 8>`, 16-bit, rows of 2, 4 or a multiple
+// of 8 chunks). `scratch`: NT * 16 bytes of shared memory for split-K partial sums.
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, bool SWA = false, bool SWB = false, typename TA, typename TB, class Epi>
 __device__ __forceinline__ void matmul_tile(const TA* A, const TB* B, float* scratch, Epi epi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (NT % 32 == 0 && same_type<TA, TB>::value && is_16bit<TA>::value) {
-    matmul_mma<NT, BATCH, M, N, K, LDA, LDB, TA>(A, B, scratch, epi);
+    matmul_mma<NT, BATCH, M, N, K, LDA, LDB, TA, SWA, SWB>(A, B, scratch, epi);
     return;
   }
 #endif
-  matmul_simt<NT, BATCH, M, N, K, LDA, LDB, TA, TB>(A, B, epi);
+  matmul_simt<NT, BATCH, M, N, K, LDA, LDB, SWA, SWB, TA, TB>(A, B, epi);
 }
 
 

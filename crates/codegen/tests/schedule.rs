@@ -279,8 +279,10 @@ fn cluster_splits_shrink_until_the_gathered_partials_fit() {
 #[test]
 fn loads_outside_the_pipeline_are_all_in_flight_before_the_first_wait() {
     // LoRA without a loop (the bench's winner): X, W, A and B are copied before anything
-    // reads them, so their copies go out together and one wait covers them all (not one round
-    // trip per input).
+    // reads them, so their copies go out together (not one round trip per input), W (the
+    // largest) last: X A and (X A) B are computed while it lands, and only X W waits for it.
+    // Every tile is read only by tile matmuls, so it is copied unpadded and swizzled (whole
+    // 32-byte sectors per copy).
     let dt = DType::Float16;
     let shapes: [&[usize]; 4] = [&[8, 256], &[256, 4096], &[256, 16], &[16, 4096]];
     let mut g = KernelGraph::new();
@@ -299,10 +301,18 @@ fn loads_outside_the_pipeline_are_all_in_flight_before_the_first_wait() {
     let o = g.customized(&v, tb).expect("customized");
     g.mark_output(o[0], None).expect("output");
     let src = kernel_source(&g);
-    let first_wait = src.find("mi::cp_async_wait<0>();").expect("a wait");
+    let first_wait = src.find("mi::cp_async_wait<").expect("a wait");
     assert_eq!(src[..first_wait].matches("mi::cp_async_commit();").count(), 4, "{src}");
-    assert_eq!(src.matches("mi::cp_async_wait<0>();").count(), 1, "{src}");
-    assert!(first_wait < src.find("mi::matmul_tile").expect("a matmul"), "{src}");
+    let pos = |pat: &str| src.find(pat).unwrap_or_else(|| panic!("{pat} in {src}"));
+    assert!(pos("// input 2 -> t2") < pos("// input 1 -> t1"), "{src}");
+    assert_eq!(first_wait, pos("mi::cp_async_wait<1>();"), "{src}");
+    let (xa, w_wait, xw) = (pos("(t0, t2, mi_scratch"), pos("mi::cp_async_wait<0>();"), pos("(t0, t1, mi_scratch"));
+    assert!(first_wait < xa && xa < w_wait && w_wait < xw, "{src}");
+    assert_eq!(src.matches("mi::cp_async_wait<").count(), 2, "{src}");
+    for (t, inner) in [(0, 256), (1, 64), (2, 16), (3, 64)] {
+        assert!(src.contains(&format!("t{t} + mi::swz<{inner}, 8>(i)")), "t{t} swizzled: {src}");
+    }
+    assert!(src.contains("mi::matmul_tile<NT, 1, 8, 64, 256, 256, 64, true, true>(t0, t1,"), "{src}");
 }
 
 #[test]

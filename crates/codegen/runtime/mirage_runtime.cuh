@@ -357,6 +357,29 @@ __device__ __forceinline__ void store8(T* __restrict__ p, const float* v, bool v
   }
 }
 
+// Stores W (8 or 4) consecutive values converted to T at p: one 16-byte store (8-byte for four
+// 16-bit values) when `vec` (p aligned to that width), else element by element.
+template <int W, typename T>
+__device__ __forceinline__ void store_n(T* __restrict__ p, const float* v, bool vec) {
+  static_assert(W == 8 || W == 4, "store_n: 8 or 4 values");
+  if constexpr (W == 8) {
+    store8(p, v, vec);
+  } else if (vec) {
+    if constexpr (sizeof(T) == 2) {
+      uint2 u;
+      T* h = reinterpret_cast<T*>(&u);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) h[e] = from_f32<T>(v[e]);
+      *reinterpret_cast<uint2*>(p) = u;
+    } else {
+      reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = from_f32<T>(v[e]);
+  }
+}
+
 // Adds map(x) for the eight 16-bit values T packed in u to acc, in order.
 template <class T, class Map>
 __device__ __forceinline__ void acc8(float& acc, const uint4& u, Map map) {

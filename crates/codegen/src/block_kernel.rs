@@ -60,9 +60,9 @@ enum Step {
     /// Output saver `j` (op `op`).
     Save { j: usize, op: usize },
     /// After the loop, element-wise group `g` whose only reader is output saver `j` (op `op`):
-    /// eight elements a thread computed in registers and stored 16 bytes at a time, with no
-    /// tile and no barrier between the two.
-    GroupSave { g: usize, j: usize, op: usize },
+    /// `w` (8 or 4) consecutive elements a thread computed in registers and stored together
+    /// (16 or 8 bytes of a 16-bit output), with no tile and no barrier between the two.
+    GroupSave { g: usize, j: usize, op: usize, w: usize },
     /// One iteration of the register-resident attention region (`flash.rs`).
     Flash,
     /// The region's accumulator tiles, written once after the loop.
@@ -464,20 +464,19 @@ fn emit_with(
     // the saver's loop (`Step::GroupSave`) where the output rows take 16-byte stores and every
     // thread gets eight elements or more. Saved winners: QKNorm b=8 30.4 -> 29.2 us, GQA and
     // MQA b=8 -1.5%; with fewer elements than eight per thread (gated MLP's 512 over 256
-    // threads) the idle threads cost more than the tile pass saved (+2%).
+    // threads) the idle threads cost more than the tile pass saved (+2%). With four elements
+    // a thread (RMSNorm+Linear b=16's 1024 over 256), four at a time and 8-byte stores.
     let mut p = 0;
     while p + 1 < steps.len() {
         if let ((Section::Post, Step::Group { g }), (Section::Post, Step::Save { j, op })) = (steps[p], steps[p + 1]) {
             let t = groups[g].output;
             let dims = &bg.tensors[t].dims;
             let readers = (0..n_ops).filter(|&k| opneed[k] && bg.ops[k].inputs.contains(&t)).count();
-            if bg.ops[op].inputs[0] == t
-                && readers == 1
-                && numel(dims).is_multiple_of(8)
-                && numel(dims) >= 8 * nt
-                && rows_of_8(dims, &outs[j].strides)
-            {
-                steps[p] = (Section::Post, Step::GroupSave { g, j, op });
+            let w = [8, 4].into_iter().find(|&w| {
+                numel(dims).is_multiple_of(w) && numel(dims) >= w * nt && rows_of(w, dims, &outs[j].strides)
+            });
+            if let (true, 1, Some(w)) = (bg.ops[op].inputs[0] == t, readers, w) {
+                steps[p] = (Section::Post, Step::GroupSave { g, j, op, w });
                 steps.remove(p + 1);
             }
         }
@@ -1129,9 +1128,15 @@ fn copy_steps(tile: &[usize], strides: &[usize], layout: &Layout, nt: usize, vec
 /// apart (last stride 1, the other strides and the row length multiples of 8): from an aligned
 /// base, each row starts 16-byte aligned for 16-bit values.
 fn rows_of_8(tile: &[usize], strides: &[usize]) -> bool {
-    tile.last().is_some_and(|l| l % 8 == 0)
+    rows_of(8, tile, strides)
+}
+
+/// Whether a tile's rows are whole runs of `w` elements, contiguous and `w`-aligned in device
+/// memory (the last stride 1, every other stride a multiple of `w`).
+fn rows_of(w: usize, tile: &[usize], strides: &[usize]) -> bool {
+    tile.last().is_some_and(|l| l % w == 0)
         && strides.last() == Some(&1)
-        && strides.iter().rev().skip(1).all(|s| s % 8 == 0)
+        && strides.iter().rev().skip(1).all(|s| s % w == 0)
 }
 
 impl Ctx<'_> {
@@ -1839,7 +1844,7 @@ impl Ctx<'_> {
                 wl!(s, "  {} = {};", self.at(out, "i"), self.conv(out, &r));
                 wl!(s, "}}");
             }
-            Step::GroupSave { g, j, op } => {
+            Step::GroupSave { g, j, op, w } => {
                 let BlockOpKind::Output { omap, forloop_dim } = bg.ops[op].kind else {
                     return unsupported("internal error: save of a non-output op");
                 };
@@ -1850,15 +1855,16 @@ impl Ctx<'_> {
                 wl!(s, "{{ // fused element-wise -> output {j}");
                 wl!(s, "  const long long base = {base};");
                 wl!(s, "  const bool vec = mi::aligned16(out{j});");
-                wl!(s, "  for (int i8 = tid * 8; i8 < {}; i8 += {nt} * 8) {{", numel(tile));
-                wl!(s, "    float v[8];");
+                wl!(s, "  for (int i{w} = tid * {w}; i{w} < {}; i{w} += {nt} * {w}) {{", numel(tile));
+                wl!(s, "    float v[{w}];");
                 wl!(s, "#pragma unroll");
-                wl!(s, "    for (int e = 0; e < 8; ++e) {{");
-                wl!(s, "      const int i = i8 + e;");
+                wl!(s, "    for (int e = 0; e < {w}; ++e) {{");
+                wl!(s, "      const int i = i{w} + e;");
                 let r = self.group_body(g, &mut s, "      ");
                 wl!(s, "      v[e] = {r};");
                 wl!(s, "    }}");
-                wl!(s, "    mi::store8(out{j} + base + {}, v, vec);", Self::tile_elem_offset(tile, &dev.strides, "i8"));
+                let at = Self::tile_elem_offset(tile, &dev.strides, &format!("i{w}"));
+                wl!(s, "    mi::store_n<{w}>(out{j} + base + {at}, v, vec);");
                 wl!(s, "  }}");
                 wl!(s, "}}");
             }

@@ -328,16 +328,26 @@ fn the_epilogue_runs_in_registers_and_its_finishes_need_no_barrier_between() {
     let rs = mm + 1 + after[mm + 1..].find(".finish(").expect("the rms finish");
     assert!(!after[mm..rs].contains("__syncthreads()"), "{after}");
     assert!(after.contains("// fused element-wise -> output 0"), "{after}");
-    assert!(after.contains("mi::store8(out0 + base + (i8 / 32) * 4096 + (i8 % 32), v, vec);"), "{after}");
+    assert!(after.contains("mi::store_n<8>(out0 + base + (i8 / 32) * 4096 + (i8 % 32), v, vec);"), "{after}");
     assert!(!after.contains("fused element-wise -> t"), "{after}");
     assert_eq!(after.matches("__syncthreads()").count(), 2, "{after}");
 }
 
 #[test]
-fn an_epilogue_with_fewer_than_eight_elements_a_thread_keeps_its_tile_pass() {
-    // [16, 32] output tiles (512 elements, 128 threads): all threads take part, one element
-    // a time, through a tile.
+fn an_epilogue_with_four_elements_a_thread_stores_them_together() {
+    // [16, 32] output tiles (512 elements, 128 threads): four elements a thread, computed in
+    // registers and stored 8 bytes at a time, with no tile of their own.
     let pair = zoo::rmsnorm_linear(16, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    assert!(src.contains("mi::store_n<4>(out0 + base + (i4 / 32) * 4096 + (i4 % 32), v, vec);"), "{src}");
+    assert!(!src.contains("fused element-wise -> t"), "{src}");
+}
+
+#[test]
+fn an_epilogue_with_fewer_than_four_elements_a_thread_keeps_its_tile_pass() {
+    // [8, 32] output tiles (256 elements, 128 threads): all threads take part, one element
+    // a time, through a tile.
+    let pair = zoo::rmsnorm_linear(8, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
     let src = kernel_source(&pair.ugraph);
     assert!(src.contains("fused element-wise -> t"), "{src}");
     assert!(!src.contains("fused element-wise -> output"), "{src}");

@@ -337,47 +337,39 @@ __device__ __forceinline__ void load8(const T* __restrict__ p, float* v, bool ve
   }
 }
 
-// Stores eight floats to consecutive elements of a device tensor: 16-byte stores when `vec`.
-template <class T>
-__device__ __forceinline__ void store8(T* __restrict__ p, const float* v, bool vec) {
-  if (vec) {
-    if constexpr (sizeof(T) == 2) {
-      uint4 u;
-      T* h = reinterpret_cast<T*>(&u);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) h[e] = from_f32<T>(v[e]);
-      *reinterpret_cast<uint4*>(p) = u;
-    } else {
-      reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-      reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) p[e] = from_f32<T>(v[e]);
-  }
-}
+// The unsigned vector type of B bytes (one store of W 16-bit values).
+template <int B> struct uvec;
+template <> struct uvec<16> { typedef uint4 type; };
+template <> struct uvec<8> { typedef uint2 type; };
 
-// Stores W (8 or 4) consecutive values converted to T at p: one 16-byte store (8-byte for four
-// 16-bit values) when `vec` (p aligned to that width), else element by element.
+// Stores W (8 or 4) floats to consecutive elements of a device tensor, converted to T: 16-byte
+// stores (one 8-byte store for four 16-bit values) when `vec` (p aligned to that width), else
+// element by element.
 template <int W, typename T>
 __device__ __forceinline__ void store_n(T* __restrict__ p, const float* v, bool vec) {
   static_assert(W == 8 || W == 4, "store_n: 8 or 4 values");
-  if constexpr (W == 8) {
-    store8(p, v, vec);
-  } else if (vec) {
+  if (vec) {
     if constexpr (sizeof(T) == 2) {
-      uint2 u;
+      typedef typename uvec<W * 2>::type V;
+      V u;
       T* h = reinterpret_cast<T*>(&u);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) h[e] = from_f32<T>(v[e]);
-      *reinterpret_cast<uint2*>(p) = u;
+      for (int e = 0; e < W; ++e) h[e] = from_f32<T>(v[e]);
+      *reinterpret_cast<V*>(p) = u;
     } else {
-      reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+#pragma unroll
+      for (int q = 0; q < W / 4; ++q) reinterpret_cast<float4*>(p)[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
     }
   } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) p[e] = from_f32<T>(v[e]);
+    for (int e = 0; e < W; ++e) p[e] = from_f32<T>(v[e]);
   }
+}
+
+// Stores eight floats to consecutive elements of a device tensor: 16-byte stores when `vec`.
+template <class T>
+__device__ __forceinline__ void store8(T* __restrict__ p, const float* v, bool vec) {
+  store_n<8>(p, v, vec);
 }
 
 // Adds map(x) for the eight 16-bit values T packed in u to acc, in order.
@@ -635,7 +627,7 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
     const int mt = (f / NG) % MT, ng = f % NG;
     const T* Ab = A + b * M * LDA;
     const T* Bb = B + b * K * LDB;
-    const int ar = b * M, br = b * K;  // the batch item's first rows (swizzled offsets)
+    const int ar = b * M, br = b * K;  // the batch item's first rows in A and B
     const int r0 = mt * 16 + g, r1 = r0 + 8;
     float dc[KC * NF][4];
 #pragma unroll
@@ -644,20 +636,13 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
       const int ka = k0 + q * 2, kb = ka + 8;
       unsigned a[4], bq[4];
       (void)bq;
-      if constexpr (SWA && A_LDSM) {
+      if constexpr (A_LDSM) {
         ldsm_x4(a, A + tile_at<LDA, SWA>(ar + mt * 16 + (lane & 15), k0 + (lane >> 4) * 8));
-      } else if constexpr (SWA) {
+      } else if constexpr (A_WORD) {
         a[0] = r0 < M ? *reinterpret_cast<const unsigned*>(A + tile_at<LDA, SWA>(ar + r0, ka)) : 0u;
         a[1] = r1 < M ? *reinterpret_cast<const unsigned*>(A + tile_at<LDA, SWA>(ar + r1, ka)) : 0u;
         a[2] = r0 < M ? *reinterpret_cast<const unsigned*>(A + tile_at<LDA, SWA>(ar + r0, kb)) : 0u;
         a[3] = r1 < M ? *reinterpret_cast<const unsigned*>(A + tile_at<LDA, SWA>(ar + r1, kb)) : 0u;
-      } else if constexpr (A_LDSM) {
-        ldsm_x4(a, Ab + (mt * 16 + (lane & 15)) * LDA + k0 + (lane >> 4) * 8);
-      } else if constexpr (A_WORD) {
-        a[0] = r0 < M ? *reinterpret_cast<const unsigned*>(Ab + r0 * LDA + ka) : 0u;
-        a[1] = r1 < M ? *reinterpret_cast<const unsigned*>(Ab + r1 * LDA + ka) : 0u;
-        a[2] = r0 < M ? *reinterpret_cast<const unsigned*>(Ab + r0 * LDA + kb) : 0u;
-        a[3] = r1 < M ? *reinterpret_cast<const unsigned*>(Ab + r1 * LDA + kb) : 0u;
       } else {
         a[0] = pack2(Ab, r0 < M && ka < K, r0 < M && ka + 1 < K, r0 * LDA + ka, r0 * LDA + ka + 1);
         a[1] = pack2(Ab, r1 < M && ka < K, r1 < M && ka + 1 < K, r1 * LDA + ka, r1 * LDA + ka + 1);
@@ -671,8 +656,7 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
         if constexpr (B_LDSM && NF % 2 == 0) {
           // Two n-fragments per ldmatrix.x4: load at even j, use the upper half at odd j.
           if (j % 2 == 0) {
-            ldsm_x4_trans(bq, SWB ? B + tile_at<LDB, SWB>(br + k0 + (lane & 15), n0 + (lane >> 4) * 8)
-                                  : Bb + (k0 + (lane & 15)) * LDB + n0 + (lane >> 4) * 8);
+            ldsm_x4_trans(bq, B + tile_at<LDB, SWB>(br + k0 + (lane & 15), n0 + (lane >> 4) * 8));
             bb[0] = bq[0];
             bb[1] = bq[1];
           } else {
@@ -680,7 +664,7 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
             bb[1] = bq[3];
           }
         } else if constexpr (B_LDSM) {
-          ldsm_x2_trans(bb, SWB ? B + tile_at<LDB, SWB>(br + k0 + (lane & 15), n0) : Bb + (k0 + (lane & 15)) * LDB + n0);
+          ldsm_x2_trans(bb, B + tile_at<LDB, SWB>(br + k0 + (lane & 15), n0));
         } else {
           const int col = n0 + g;
           bb[0] = pack2(Bb, col < N && ka < K, col < N && ka + 1 < K, ka * LDB + col, (ka + 1) * LDB + col);
@@ -1015,14 +999,8 @@ __device__ __forceinline__ void matmul_simt(const TA* A, const TB* B, Epi epi) {
     const int b = c / (M * N);
     const int m = (c / N) % M, n = c % N;
     float acc = 0.0f;
-    if constexpr (SWA || SWB) {
-      for (int k = 0; k < K; ++k) {
-        acc = fmaf(to_f32(A[tile_at<LDA, SWA>(b * M + m, k)]), to_f32(B[tile_at<LDB, SWB>(b * K + k, n)]), acc);
-      }
-    } else {
-      const TA* a = A + b * M * LDA + m * LDA;
-      const TB* bp = B + b * K * LDB + n;
-      for (int k = 0; k < K; ++k) acc = fmaf(to_f32(a[k]), to_f32(bp[k * LDB]), acc);
+    for (int k = 0; k < K; ++k) {
+      acc = fmaf(to_f32(A[tile_at<LDA, SWA>(b * M + m, k)]), to_f32(B[tile_at<LDB, SWB>(b * K + k, n)]), acc);
     }
     epi(c, acc);
   }

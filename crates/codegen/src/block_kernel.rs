@@ -617,13 +617,24 @@ fn emit_with(
         }
     }
 
+    // Whether tile `t` has readers and `each` holds for every one (its section and step).
+    let readers_all = |t: STensorId, each: &dyn Fn(Section, Step) -> bool| {
+        let mut readers = steps.iter().filter(|&&(sec, st)| rw(sec, st).1.contains(&t)).peekable();
+        readers.peek().is_some() && readers.all(|&(sec, st)| each(sec, st))
+    };
     // Whether tile `t` is read only as the B operand of register-accumulated loop matmuls.
     let only_mma_b = |t: STensorId| {
-        let mut readers = steps.iter().filter(|&&(sec, st)| rw(sec, st).1.contains(&t)).peekable();
-        readers.peek().is_some()
-            && readers.all(|&(_, st)| {
-                matches!(st, Step::MatAcc { op, .. } if bg.ops[op].inputs[1] == t && bg.ops[op].inputs[0] != t)
-            })
+        readers_all(
+            t,
+            &|_, st| matches!(st, Step::MatAcc { op, .. } if bg.ops[op].inputs[1] == t && bg.ops[op].inputs[0] != t),
+        )
+    };
+    // Whether tile `t` is read only by tile matmuls that can take it swizzled.
+    let only_swizzled_mm = |t: STensorId| {
+        readers_all(
+            t,
+            &|sec, st| matches!(st, Step::Matmul { op, .. } if swizzled_mm_operand(bg, op, t, sec == Section::Loop)),
+        )
     };
     // Whether every reader of tile `t` reads it through `mi::swz` with rows of a multiple of 8
     // chunks, whole 16-row groups by ldmatrix: as one operand of a register-accumulated loop
@@ -632,31 +643,19 @@ fn emit_with(
     // at a time, where the swizzle's index arithmetic cost more than the aligned copies
     // gained: RMSNorm+Linear b=1, 2 rows, 14.6 -> 16.6 us.)
     let only_swizzle_readers = |t: STensorId| {
-        let mut readers = steps.iter().filter(|&&(sec, st)| rw(sec, st).1.contains(&t)).peekable();
-        readers.peek().is_some()
-            && readers.all(|&(sec, st)| match st {
-                Step::MatAcc { op, .. } => {
-                    let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
-                    let da = &bg.tensors[a].dims;
-                    (a == t) != (b == t) && (b == t || da[da.len() - 2].is_multiple_of(16))
-                }
-                Step::Accum { op } => {
-                    bg.ops[op].inputs[0] == t
-                        && row_sum_acc_shape(bg, nt, op).is_some_and(|(rows, _)| rows.is_multiple_of(16))
-                }
-                Step::Matmul { op, .. } => swizzled_mm_operand(bg, op, t, sec == Section::Loop),
-                _ => false,
-            })
-    };
-    // Rows of 2 or 4 chunks read only as tensor-core operands: a swizzle too.
-    let only_short_swizzle_readers = |t: STensorId| {
-        only_mma_b(t) || {
-            let mut readers = steps.iter().filter(|&&(sec, st)| rw(sec, st).1.contains(&t)).peekable();
-            readers.peek().is_some()
-                && readers.all(|&(sec, st)| {
-                    matches!(st, Step::Matmul { op, .. } if swizzled_mm_operand(bg, op, t, sec == Section::Loop))
-                })
-        }
+        readers_all(t, &|sec, st| match st {
+            Step::MatAcc { op, .. } => {
+                let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
+                let da = &bg.tensors[a].dims;
+                (a == t) != (b == t) && (b == t || da[da.len() - 2].is_multiple_of(16))
+            }
+            Step::Accum { op } => {
+                bg.ops[op].inputs[0] == t
+                    && row_sum_acc_shape(bg, nt, op).is_some_and(|(rows, _)| rows.is_multiple_of(16))
+            }
+            Step::Matmul { op, .. } => swizzled_mm_operand(bg, op, t, sec == Section::Loop),
+            _ => false,
+        })
     };
     // Input tiles materialised in shared memory: their row pitch (padded against bank
     // conflicts when the rows are whole 16-byte chunks) and whether the loop stages them.
@@ -682,7 +681,7 @@ fn emit_with(
             let swz = (vector
                 && es == 2
                 && rows > 1
-                && (((chunks == 2 || chunks == 4) && only_short_swizzle_readers(t))
+                && (((chunks == 2 || chunks == 4) && (only_mma_b(t) || only_swizzled_mm(t)))
                     || (chunks.is_multiple_of(8) && only_swizzle_readers(t))))
             .then_some(16 / es);
             let ld =

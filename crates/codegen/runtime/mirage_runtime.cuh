@@ -1204,6 +1204,46 @@ struct FlashRows {
     }
   }
 
+  // A settled partial (O, m, l) of thread `tw` of a warpgroup for `merge` by the thread of
+  // the same rank in another warpgroup over the same rows: float4 [RG * (NFO + 1)][128] at
+  // `buf` (each store of a warp is 512 contiguous bytes, free of bank conflicts).
+  static constexpr int SLOT_FLOATS = RG * (NFO + 1) * 4 * 128;
+  __device__ __forceinline__ void save(float* buf, int tw) const {
+    float4* const p = reinterpret_cast<float4*>(buf) + tw;
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+#pragma unroll
+      for (int j = 0; j < NFO; ++j) p[(r * (NFO + 1) + j) * 128] = make_float4(o[r][j][0], o[r][j][1], o[r][j][2], o[r][j][3]);
+      p[(r * (NFO + 1) + NFO) * 128] = make_float4(m[r][0], m[r][1], l[r][0], l[r][1]);
+    }
+  }
+  // Merges the partial another thread `save`d at `buf` into this settled one: both made
+  // relative to the larger max (a row with no keys on either side stays 0).
+  __device__ __forceinline__ void merge(const float* buf, int tw) {
+    const float4* const p = reinterpret_cast<const float4*>(buf) + tw;
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      const float4 ml = p[(r * (NFO + 1) + NFO) * 128];
+      float a[2], b[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float mo = h ? ml.y : ml.x, lo = h ? ml.w : ml.z, mn = fmaxf(m[r][h], mo);
+        a[h] = mn == neg_inf() ? 0.0f : ex2((m[r][h] - mn) * L2E);
+        b[h] = mn == neg_inf() ? 0.0f : ex2((mo - mn) * L2E);
+        l[r][h] = l[r][h] * a[h] + lo * b[h];
+        m[r][h] = x[r][h] = mn;
+      }
+#pragma unroll
+      for (int j = 0; j < NFO; ++j) {
+        const float4 v = p[(r * (NFO + 1) + j) * 128];
+        o[r][j][0] = o[r][j][0] * a[0] + v.x * b[0];
+        o[r][j][1] = o[r][j][1] * a[0] + v.y * b[0];
+        o[r][j][2] = o[r][j][2] * a[1] + v.z * b[1];
+        o[r][j][3] = o[r][j][3] * a[1] + v.w * b[1];
+      }
+    }
+  }
+
   // Rows row(r) + g and row(r) + g + 8 of O ([rows][NFO * 8]), L and X (either may be null).
   template <class Row>
   __device__ __forceinline__ void store(float* O, float* L, float* X, int lane, Row row) const {
@@ -1651,28 +1691,49 @@ struct FlashWG {
     }
   }
 
-  // After the loop, as `Flash::finish` (`scratch`: BATCH * CS * KS * M * 66 floats when
-  // KS > 1 or CS > 1). With CS > 1 the block is one of a thread-block cluster of CS that split
-  // the loop: once every block has left the loop (its scratch overlaps the loop's tiles), each
-  // writes its partials straight into the first block's scratch (distributed shared memory,
-  // as slices rank * KS + slice), and that block alone merges them into its O, L and X.
+  // After the loop, as `Flash::finish`. The key slices merge in registers: each warpgroup of
+  // slice k > 0 `save`s its settled partial into shared scratch (slot (k - 1) of its rows) and
+  // the slice-0 warpgroup over the same rows `merge`s it. With CS > 1 the block is one of a
+  // thread-block cluster of CS that split the loop: once every block has left the loop (the
+  // scratch overlaps the loop's tiles), the slice-0 warpgroups of block rank > 0 save their
+  // merged partials straight into the first block's scratch (distributed shared memory, slot
+  // KS - 1 + rank - 1), and that block alone merges them and writes O, L and X. One slot per
+  // (slice or rank, batch item, row group): `scratch` holds (KS - 1 + CS - 1) * BATCH * WR
+  // slots of `FlashRows::SLOT_FLOATS`. Before (every slice's O through a row-major scratch,
+  // then `flash_combine`): GQA b=8's epilogue took 5.3 of its 23 µs, 1.4 of them in remote
+  // stores of twice the bytes.
+  // Floats of `scratch` that `finish<CS>` takes (0: none is read).
+  template <int CS>
+  __host__ __device__ static constexpr int scratch_floats() {
+    return (KS - 1 + CS - 1) * BATCH * WR * FlashRows<RG, 8>::SLOT_FLOATS;
+  }
   template <int CS = 1>
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
     st.settle();
-    if constexpr (KS == 1 && CS == 1) {
-      st.store(O, L, X, lane, [&](int r) { return bt * M + row0 + r * 64; });
-    } else if constexpr (CS == 1) {
+    [[maybe_unused]] constexpr int SLOT = FlashRows<RG, 8>::SLOT_FLOATS, GROUPS = BATCH * WR;
+    [[maybe_unused]] const int tw = lin_tid() & 127, grp = bt * WR + ((lin_tid() >> 7) % NWG) % WR;
+    if constexpr (KS > 1) {
       __syncthreads();
-      st.store_partial(scratch + (bt * KS + slice) * M * 66, lane, [&](int r) { return row0 + r * 64; });
-      flash_combine<NT, BATCH, M, 64, KS>(scratch, O, L, X);
-    } else {
+      if (slice > 0) st.save(scratch + ((slice - 1) * GROUPS + grp) * SLOT, tw);
+      __syncthreads();
+      if (slice == 0) {
+#pragma unroll 1
+        for (int k = 1; k < KS; ++k) st.merge(scratch + ((k - 1) * GROUPS + grp) * SLOT, tw);
+      }
+    }
+    bool mine = slice == 0;
+    if constexpr (CS > 1) {
       cluster_sync_relaxed();
       const unsigned rank = cluster_rank();
-      float* const dst = rank == 0 ? scratch : cluster_map(scratch, 0u);
-      st.store_partial(dst + ((bt * CS + rank) * KS + slice) * M * 66, lane, [&](int r) { return row0 + r * 64; });
+      if (rank > 0 && slice == 0) st.save(cluster_map(scratch, 0u) + ((KS - 1 + (int)rank - 1) * GROUPS + grp) * SLOT, tw);
       cluster_sync();
-      if (rank == 0) flash_combine<NT, BATCH, M, 64, CS * KS>(scratch, O, L, X);
+      if (rank == 0 && slice == 0) {
+#pragma unroll 1
+        for (int r = 1; r < CS; ++r) st.merge(scratch + ((KS - 1 + r - 1) * GROUPS + grp) * SLOT, tw);
+      }
+      mine = mine && rank == 0;
     }
+    if (mine) st.store(O, L, X, lane, [&](int r) { return bt * M + row0 + r * 64; });
   }
 };
 

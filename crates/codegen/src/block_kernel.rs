@@ -1510,7 +1510,7 @@ impl Ctx<'_> {
                         }
                     }
                 }
-                if let Some((f, _)) = &self.flash {
+                if let Some((f, off)) = &self.flash {
                     let ld = |t: STensorId| self.layout[t].map_or(self.dims(t)[self.dims(t).len() - 1], |l| l.ld);
                     let ty = self.storage[f.k].map_or("float", Storage::cty);
                     let tq = self.storage[f.q].map_or("float", Storage::cty);
@@ -1524,6 +1524,16 @@ impl Ctx<'_> {
                             f.n,
                             ld(f.q)
                         );
+                        if off.is_some() {
+                            // The planner's combine scratch must hold what the runtime's
+                            // `finish` writes there.
+                            wl!(
+                                s,
+                                "  static_assert(decltype(fa)::scratch_floats<{}>() * 4 <= {}, \"attention combine scratch\");",
+                                self.cluster.max(1),
+                                f.combine_bytes(self.nt, self.cluster)
+                            );
+                        }
                     } else {
                         let (rg, ks) = f.warps(self.nt);
                         let cw = f.chunk(rg, ks);

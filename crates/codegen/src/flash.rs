@@ -136,11 +136,20 @@ impl FlashRegion {
     /// outside a cluster; `cluster`: blocks of the thread-block cluster that split the loop,
     /// whose first block gathers every block's slices).
     pub fn combine_bytes(&self, nt: usize, cluster: usize) -> usize {
-        let ks = self.wg.map_or_else(|| self.warps(nt).1, |(_, ks)| ks);
-        if ks > 1 || cluster > 1 {
-            self.batch * ks * cluster.max(1) * self.m * (self.dv + 2) * 4
-        } else {
-            0
+        let cs = cluster.max(1);
+        match self.wg {
+            // `mi::FlashWG::finish`: one slot of `FlashRows::SLOT_FLOATS` (a warpgroup's 128
+            // threads, each its O fragments plus m and l per row group) per extra slice or
+            // rank, batch item and warpgroup's rows.
+            Some((_, ks)) => (ks - 1 + cs - 1) * self.batch * (self.m / 64) * 128 * (self.dv / 2 + 4) * 4,
+            None => {
+                let ks = self.warps(nt).1;
+                if ks > 1 || cs > 1 {
+                    self.batch * ks * cs * self.m * (self.dv + 2) * 4
+                } else {
+                    0
+                }
+            }
         }
     }
 }

@@ -1181,49 +1181,30 @@ struct FlashRows {
     }
   }
 
-  // This warp's rows as one key slice's partial result: row row(r) + g (and + 8) of `sc`
-  // ([rows][NFO * 8 + 2]) holds O, then m and l (`flash_combine` merges the slices).
-  template <class Row>
-  __device__ __forceinline__ void store_partial(float* sc, int lane, Row row) const {
-    const int g = lane >> 2, qd = lane & 3;
-    constexpr int P = NFO * 8 + 2;
-#pragma unroll
-    for (int r = 0; r < RG; ++r) {
-      float* s0 = sc + (row(r) + g) * P;
-      float* s1 = s0 + 8 * P;
-#pragma unroll
-      for (int j = 0; j < NFO; ++j) {
-        const int c = j * 8 + qd * 2;
-        *reinterpret_cast<float2*>(s0 + c) = make_float2(o[r][j][0], o[r][j][1]);
-        *reinterpret_cast<float2*>(s1 + c) = make_float2(o[r][j][2], o[r][j][3]);
-      }
-      if (qd == 0) {
-        s0[NFO * 8] = m[r][0]; s0[NFO * 8 + 1] = l[r][0];
-        s1[NFO * 8] = m[r][1]; s1[NFO * 8 + 1] = l[r][1];
-      }
-    }
-  }
-
-  // A settled partial (O, m, l) of thread `tw` of a warpgroup for `merge` by the thread of
-  // the same rank in another warpgroup over the same rows: float4 [RG * (NFO + 1)][128] at
-  // `buf` (each store of a warp is 512 contiguous bytes, free of bank conflicts).
-  static constexpr int SLOT_FLOATS = RG * (NFO + 1) * 4 * 128;
+  // A settled partial (O, m, l) of thread `tw` of a group of TH threads (a warpgroup or a
+  // warp) for `merge` by the thread of the same rank in another group over the same rows:
+  // float4 [RG * (NFO + 1)][TH] at `buf` (each store of a warp is 512 contiguous bytes, free
+  // of bank conflicts).
+  template <int TH>
+  static constexpr int SLOT_FLOATS = RG * (NFO + 1) * 4 * TH;
+  template <int TH>
   __device__ __forceinline__ void save(float* buf, int tw) const {
     float4* const p = reinterpret_cast<float4*>(buf) + tw;
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
 #pragma unroll
-      for (int j = 0; j < NFO; ++j) p[(r * (NFO + 1) + j) * 128] = make_float4(o[r][j][0], o[r][j][1], o[r][j][2], o[r][j][3]);
-      p[(r * (NFO + 1) + NFO) * 128] = make_float4(m[r][0], m[r][1], l[r][0], l[r][1]);
+      for (int j = 0; j < NFO; ++j) p[(r * (NFO + 1) + j) * TH] = make_float4(o[r][j][0], o[r][j][1], o[r][j][2], o[r][j][3]);
+      p[(r * (NFO + 1) + NFO) * TH] = make_float4(m[r][0], m[r][1], l[r][0], l[r][1]);
     }
   }
   // Merges the partial another thread `save`d at `buf` into this settled one: both made
   // relative to the larger max (a row with no keys on either side stays 0).
+  template <int TH>
   __device__ __forceinline__ void merge(const float* buf, int tw) {
     const float4* const p = reinterpret_cast<const float4*>(buf) + tw;
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
-      const float4 ml = p[(r * (NFO + 1) + NFO) * 128];
+      const float4 ml = p[(r * (NFO + 1) + NFO) * TH];
       float a[2], b[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -1235,7 +1216,7 @@ struct FlashRows {
       }
 #pragma unroll
       for (int j = 0; j < NFO; ++j) {
-        const float4 v = p[(r * (NFO + 1) + j) * 128];
+        const float4 v = p[(r * (NFO + 1) + j) * TH];
         o[r][j][0] = o[r][j][0] * a[0] + v.x * b[0];
         o[r][j][1] = o[r][j][1] * a[0] + v.y * b[0];
         o[r][j][2] = o[r][j][2] * a[1] + v.z * b[1];
@@ -1267,42 +1248,6 @@ struct FlashRows {
     }
   }
 };
-
-// Merges KS key slices' partial results: slice k of batch item b, row `row`, sits at
-// scratch[((b * KS + k) * M + row) * (DV + 2)] (O, then the slice's max and sum; every
-// thread's partials written before the call). Per row, once: the max over slices, L and X,
-// and each slice's weight exp(m_k - max), which replaces m_k for the O pass.
-template <int NT, int BATCH, int M, int DV, int KS>
-__device__ __forceinline__ void flash_combine(float* scratch, float* O, float* L, float* X) {
-  constexpr int P = DV + 2;
-  __syncthreads();
-  for (int br = lin_tid(); br < BATCH * M; br += NT) {
-    const int b = br / M, row = br - b * M;
-    float* sr = scratch + (b * KS * M + row) * P;
-    float mm = neg_inf();
-#pragma unroll
-    for (int k = 0; k < KS; ++k) mm = fmaxf(mm, sr[k * M * P + DV]);
-    float acc = 0.0f;
-#pragma unroll
-    for (int k = 0; k < KS; ++k) {
-      const float wk = __expf(sr[k * M * P + DV] - mm);
-      sr[k * M * P + DV] = wk;
-      acc += sr[k * M * P + DV + 1] * wk;
-    }
-    if (L) L[br] = acc;
-    if (X) X[br] = mm;
-  }
-  __syncthreads();
-  for (int i = lin_tid(); i < BATCH * M * DV; i += NT) {
-    const int br = i / DV, c = i - br * DV, b = br / M, row = br - b * M;
-    const float* sr = scratch + (b * KS * M + row) * P;
-    float acc = 0.0f;
-#pragma unroll
-    for (int k = 0; k < KS; ++k) acc += sr[k * M * P + c] * sr[k * M * P + DV];
-    O[i] = acc;
-  }
-  __syncthreads();
-}
 
 // Thread-block clusters (sm_90): this block's rank in its cluster; a barrier of every thread
 // of the cluster whose release / acquire makes shared-memory writes before it visible to the
@@ -1445,17 +1390,33 @@ struct Flash {
     mma_rows<KQ, NFC, LDK>(kb, q, s);
   }
 
+  // Floats of `scratch` that `finish` takes (0: none is read).
+  template <int CS>
+  __host__ __device__ static constexpr int scratch_floats() {
+    return (KS - 1) * BATCH * WR * FlashRows<RG, NFO>::template SLOT_FLOATS<32>;
+  }
+
   // After the loop: O ([BATCH][M][DV]), L and X ([BATCH][M], either may be null) in fp32
-  // shared memory. `scratch` holds BATCH * KS * M * (DV + 2) floats when KS > 1; every
-  // thread must call this.
+  // shared memory; every thread must call this. With KS > 1 the key slices merge in
+  // registers as in `FlashWG::finish`: each warp of slice k > 0 `save`s its settled partial
+  // into slot (k - 1) of its rows (`scratch_floats` in all), and the slice-0 warp over the
+  // same rows merges it and writes the result.
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
     st.settle();
+    const auto row = [&](int r) { return bt * M + (wr * RG + r) * 16; };
     if constexpr (KS == 1) {
-      if (active) st.store(O, L, X, lane, [&](int r) { return bt * M + (wr * RG + r) * 16; });
+      if (active) st.store(O, L, X, lane, row);
     } else {
+      constexpr int SLOT = FlashRows<RG, NFO>::template SLOT_FLOATS<32>;
+      const int grp = bt * WR + wr;
       __syncthreads();  // the scratch may overlay tiles other warps still read
-      if (active) st.store_partial(scratch + (bt * KS + slice) * M * (DV + 2), lane, [&](int r) { return (wr * RG + r) * 16; });
-      flash_combine<NT, BATCH, M, DV, KS>(scratch, O, L, X);
+      if (active && slice > 0) st.template save<32>(scratch + ((slice - 1) * BATCH * WR + grp) * SLOT, lane);
+      __syncthreads();
+      if (active && slice == 0) {
+#pragma unroll 1
+        for (int k = 1; k < KS; ++k) st.template merge<32>(scratch + ((k - 1) * BATCH * WR + grp) * SLOT, lane);
+        st.store(O, L, X, lane, row);
+      }
     }
   }
 };
@@ -1705,31 +1666,31 @@ struct FlashWG {
   // Floats of `scratch` that `finish<CS>` takes (0: none is read).
   template <int CS>
   __host__ __device__ static constexpr int scratch_floats() {
-    return (KS - 1 + CS - 1) * BATCH * WR * FlashRows<RG, 8>::SLOT_FLOATS;
+    return (KS - 1 + CS - 1) * BATCH * WR * FlashRows<RG, 8>::template SLOT_FLOATS<128>;
   }
   template <int CS = 1>
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
     st.settle();
-    [[maybe_unused]] constexpr int SLOT = FlashRows<RG, 8>::SLOT_FLOATS, GROUPS = BATCH * WR;
+    [[maybe_unused]] constexpr int SLOT = FlashRows<RG, 8>::template SLOT_FLOATS<128>, GROUPS = BATCH * WR;
     [[maybe_unused]] const int tw = lin_tid() & 127, grp = bt * WR + ((lin_tid() >> 7) % NWG) % WR;
     if constexpr (KS > 1) {
       __syncthreads();
-      if (slice > 0) st.save(scratch + ((slice - 1) * GROUPS + grp) * SLOT, tw);
+      if (slice > 0) st.template save<128>(scratch + ((slice - 1) * GROUPS + grp) * SLOT, tw);
       __syncthreads();
       if (slice == 0) {
 #pragma unroll 1
-        for (int k = 1; k < KS; ++k) st.merge(scratch + ((k - 1) * GROUPS + grp) * SLOT, tw);
+        for (int k = 1; k < KS; ++k) st.template merge<128>(scratch + ((k - 1) * GROUPS + grp) * SLOT, tw);
       }
     }
     bool mine = slice == 0;
     if constexpr (CS > 1) {
       cluster_sync_relaxed();
       const unsigned rank = cluster_rank();
-      if (rank > 0 && slice == 0) st.save(cluster_map(scratch, 0u) + ((KS - 1 + (int)rank - 1) * GROUPS + grp) * SLOT, tw);
+      if (rank > 0 && slice == 0) st.template save<128>(cluster_map(scratch, 0u) + ((KS - 1 + (int)rank - 1) * GROUPS + grp) * SLOT, tw);
       cluster_sync();
       if (rank == 0 && slice == 0) {
 #pragma unroll 1
-        for (int r = 1; r < CS; ++r) st.merge(scratch + ((KS - 1 + r - 1) * GROUPS + grp) * SLOT, tw);
+        for (int r = 1; r < CS; ++r) st.template merge<128>(scratch + ((KS - 1 + r - 1) * GROUPS + grp) * SLOT, tw);
       }
       mine = mine && rank == 0;
     }

@@ -1524,16 +1524,6 @@ impl Ctx<'_> {
                             f.n,
                             ld(f.q)
                         );
-                        if off.is_some() {
-                            // The planner's combine scratch must hold what the runtime's
-                            // `finish` writes there.
-                            wl!(
-                                s,
-                                "  static_assert(decltype(fa)::scratch_floats<{}>() * 4 <= {}, \"attention combine scratch\");",
-                                self.cluster.max(1),
-                                f.combine_bytes(self.nt, self.cluster)
-                            );
-                        }
                     } else {
                         let (rg, ks) = f.warps(self.nt);
                         let cw = f.chunk(rg, ks);
@@ -1548,6 +1538,16 @@ impl Ctx<'_> {
                             ld(f.q),
                             ld(f.k),
                             ld(f.v)
+                        );
+                    }
+                    if off.is_some() {
+                        // The planner's combine scratch must hold what the runtime's `finish`
+                        // writes there.
+                        wl!(
+                            s,
+                            "  static_assert(decltype(fa)::scratch_floats<{}>() * 4 <= {}, \"attention combine scratch\");",
+                            self.cluster.max(1),
+                            f.combine_bytes(self.nt, self.cluster)
                         );
                     }
                     wl!(s, "  fa.init();");

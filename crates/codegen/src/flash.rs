@@ -132,9 +132,9 @@ impl FlashRegion {
         }
     }
 
-    /// Bytes of shared memory `finish` needs to combine the slices (0 for one slice in a block
+    /// Bytes of shared memory `finish` needs to merge the slices (0 for one slice in a block
     /// outside a cluster; `cluster`: blocks of the thread-block cluster that split the loop,
-    /// whose first block gathers every block's slices).
+    /// whose first block gathers every block's merged slices).
     pub fn combine_bytes(&self, nt: usize, cluster: usize) -> usize {
         let cs = cluster.max(1);
         match self.wg {
@@ -142,14 +142,9 @@ impl FlashRegion {
             // threads, each its O fragments plus m and l per row group) per extra slice or
             // rank, batch item and warpgroup's rows.
             Some((_, ks)) => (ks - 1 + cs - 1) * self.batch * (self.m / 64) * 128 * (self.dv / 2 + 4) * 4,
-            None => {
-                let ks = self.warps(nt).1;
-                if ks > 1 || cs > 1 {
-                    self.batch * ks * cs * self.m * (self.dv + 2) * 4
-                } else {
-                    0
-                }
-            }
+            // `mi::Flash::finish`: one slot (a warp's 32 threads) per extra slice, batch item
+            // and warp's rows (no cluster form).
+            None => (self.warps(nt).1 - 1) * self.batch * (self.m / 16) * 32 * (self.dv / 8 + 1) * 4 * 4,
         }
     }
 }

@@ -366,12 +366,6 @@ __device__ __forceinline__ void store_n(T* __restrict__ p, const float* v, bool 
   }
 }
 
-// Stores eight floats to consecutive elements of a device tensor: 16-byte stores when `vec`.
-template <class T>
-__device__ __forceinline__ void store8(T* __restrict__ p, const float* v, bool vec) {
-  store_n<8>(p, v, vec);
-}
-
 // Adds map(x) for the eight 16-bit values T packed in u to acc, in order.
 template <class T, class Map>
 __device__ __forceinline__ void acc8(float& acc, const uint4& u, Map map) {
@@ -1225,6 +1219,24 @@ struct FlashRows {
     }
   }
 
+  // Merges a block's KS key slices over the same rows into slice 0, between two barriers of
+  // the whole block (the scratch may overlay tiles other threads still read): the group (of
+  // TH threads) of slice k > 0 `save`s into slot (k - 1) * GROUPS + grp, and slice 0's
+  // `merge`s every slot, then runs `merged()`. Threads that hold no slice (`active` false)
+  // only pass the barriers.
+  template <int TH, int KS, int GROUPS, class Merged>
+  __device__ __forceinline__ void merge_slices(float* scratch, int slice, int grp, int tw, bool active, Merged merged) {
+    constexpr int SLOT = SLOT_FLOATS<TH>;
+    __syncthreads();
+    if (active && slice > 0) save<TH>(scratch + ((slice - 1) * GROUPS + grp) * SLOT, tw);
+    __syncthreads();
+    if (active && slice == 0) {
+#pragma unroll 1
+      for (int k = 1; k < KS; ++k) merge<TH>(scratch + ((k - 1) * GROUPS + grp) * SLOT, tw);
+      merged();
+    }
+  }
+
   // Rows row(r) + g and row(r) + g + 8 of O ([rows][NFO * 8]), L and X (either may be null).
   template <class Row>
   __device__ __forceinline__ void store(float* O, float* L, float* X, int lane, Row row) const {
@@ -1407,16 +1419,8 @@ struct Flash {
     if constexpr (KS == 1) {
       if (active) st.store(O, L, X, lane, row);
     } else {
-      constexpr int SLOT = FlashRows<RG, NFO>::template SLOT_FLOATS<32>;
-      const int grp = bt * WR + wr;
-      __syncthreads();  // the scratch may overlay tiles other warps still read
-      if (active && slice > 0) st.template save<32>(scratch + ((slice - 1) * BATCH * WR + grp) * SLOT, lane);
-      __syncthreads();
-      if (active && slice == 0) {
-#pragma unroll 1
-        for (int k = 1; k < KS; ++k) st.template merge<32>(scratch + ((k - 1) * BATCH * WR + grp) * SLOT, lane);
-        st.store(O, L, X, lane, row);
-      }
+      st.template merge_slices<32, KS, BATCH * WR>(scratch, slice, bt * WR + wr, lane, active,
+                                                   [&] { st.store(O, L, X, lane, row); });
     }
   }
 };
@@ -1652,40 +1656,33 @@ struct FlashWG {
     }
   }
 
-  // After the loop, as `Flash::finish`. The key slices merge in registers: each warpgroup of
-  // slice k > 0 `save`s its settled partial into shared scratch (slot (k - 1) of its rows) and
-  // the slice-0 warpgroup over the same rows `merge`s it. With CS > 1 the block is one of a
-  // thread-block cluster of CS that split the loop: once every block has left the loop (the
-  // scratch overlaps the loop's tiles), the slice-0 warpgroups of block rank > 0 save their
-  // merged partials straight into the first block's scratch (distributed shared memory, slot
-  // KS - 1 + rank - 1), and that block alone merges them and writes O, L and X. One slot per
-  // (slice or rank, batch item, row group): `scratch` holds (KS - 1 + CS - 1) * BATCH * WR
-  // slots of `FlashRows::SLOT_FLOATS`. Before (every slice's O through a row-major scratch,
-  // then `flash_combine`): GQA b=8's epilogue took 5.3 of its 23 µs, 1.4 of them in remote
-  // stores of twice the bytes.
   // Floats of `scratch` that `finish<CS>` takes (0: none is read).
   template <int CS>
   __host__ __device__ static constexpr int scratch_floats() {
     return (KS - 1 + CS - 1) * BATCH * WR * FlashRows<RG, 8>::template SLOT_FLOATS<128>;
   }
+
+  // After the loop, as `Flash::finish`. The key slices merge in registers
+  // (`FlashRows::merge_slices` over warpgroups: slot (k - 1) of its rows for slice k > 0).
+  // With CS > 1 the block is one of a thread-block cluster of CS that split the loop: once
+  // every block has left the loop (the scratch overlaps the loop's tiles), the slice-0
+  // warpgroups of block rank > 0 save their merged partials straight into the first block's
+  // scratch (distributed shared memory, slot KS - 1 + rank - 1), and that block alone merges
+  // them and writes O, L and X. One slot per (slice or rank, batch item, row group): see
+  // `scratch_floats`. Before (every slice's O through a row-major scratch, then a combine
+  // pass): GQA b=8's epilogue took 5.3 of its 23 µs, 1.4 of them in remote stores of twice
+  // the bytes.
   template <int CS = 1>
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
     st.settle();
-    [[maybe_unused]] constexpr int SLOT = FlashRows<RG, 8>::template SLOT_FLOATS<128>, GROUPS = BATCH * WR;
+    constexpr int GROUPS = BATCH * WR;
     [[maybe_unused]] const int tw = lin_tid() & 127, grp = bt * WR + ((lin_tid() >> 7) % NWG) % WR;
-    if constexpr (KS > 1) {
-      __syncthreads();
-      if (slice > 0) st.template save<128>(scratch + ((slice - 1) * GROUPS + grp) * SLOT, tw);
-      __syncthreads();
-      if (slice == 0) {
-#pragma unroll 1
-        for (int k = 1; k < KS; ++k) st.template merge<128>(scratch + ((k - 1) * GROUPS + grp) * SLOT, tw);
-      }
-    }
+    if constexpr (KS > 1) st.template merge_slices<128, KS, GROUPS>(scratch, slice, grp, tw, true, [] {});
     bool mine = slice == 0;
     if constexpr (CS > 1) {
       cluster_sync_relaxed();
       const unsigned rank = cluster_rank();
+      constexpr int SLOT = FlashRows<RG, 8>::template SLOT_FLOATS<128>;
       if (rank > 0 && slice == 0) st.template save<128>(cluster_map(scratch, 0u) + ((KS - 1 + (int)rank - 1) * GROUPS + grp) * SLOT, tw);
       cluster_sync();
       if (rank == 0 && slice == 0) {

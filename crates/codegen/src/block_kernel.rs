@@ -1123,15 +1123,9 @@ fn copy_steps(tile: &[usize], strides: &[usize], layout: &Layout, nt: usize, vec
     (same && reps <= 64).then_some(steps)
 }
 
-/// Whether a tile's rows lie contiguous in a device tensor and start a multiple of 8 elements
-/// apart (last stride 1, the other strides and the row length multiples of 8): from an aligned
-/// base, each row starts 16-byte aligned for 16-bit values.
-fn rows_of_8(tile: &[usize], strides: &[usize]) -> bool {
-    rows_of(8, tile, strides)
-}
-
 /// Whether a tile's rows are whole runs of `w` elements, contiguous and `w`-aligned in device
-/// memory (the last stride 1, every other stride a multiple of `w`).
+/// memory (the last stride 1, every other stride a multiple of `w`): from an aligned base,
+/// with `w` = 8 each row starts 16-byte aligned for 16-bit values.
 fn rows_of(w: usize, tile: &[usize], strides: &[usize]) -> bool {
     tile.last().is_some_and(|l| l % w == 0)
         && strides.last() == Some(&1)
@@ -1213,12 +1207,12 @@ impl Ctx<'_> {
     }
 
     /// For a tile `t` read straight from device memory (not staged) in 16-bit values whose
-    /// rows are contiguous and start 16 bytes apart from an aligned base ([`rows_of_8`]): the
+    /// rows are contiguous and start 16 bytes apart from an aligned base ([`rows_of`]): the
     /// input's index, a pointer expression to row `r` and the storage type.
     fn device_rows(&self, t: STensorId) -> Option<(usize, String, &'static str)> {
         let k = self.streamed[t]?;
         let (tile, dev) = (self.dims(t), &self.ins[k]);
-        if dev.storage == Storage::F32 || !rows_of_8(tile, &dev.strides) {
+        if dev.storage == Storage::F32 || !rows_of(8, tile, &dev.strides) {
             return None;
         }
         let at = self.streamed_offset(t, &format!("((r) * {})", tile.last()?))?;
@@ -1821,11 +1815,11 @@ impl Ctx<'_> {
                 let dense = self.streamed[t].is_none()
                     && self.storage[t] == Some(Storage::F32)
                     && self.layout[t].is_none_or(|l| l.ld == l.inner && l.swz.is_none());
-                if dense && rows_of_8(tile, &dev.strides) {
+                if dense && rows_of(8, tile, &dev.strides) {
                     wl!(s, "  const bool vec = mi::aligned16(out{j});");
                     wl!(
                         s,
-                        "  for (int i = tid * 8; i < {}; i += {nt} * 8) mi::store8(out{j} + base + {}, {} + i, vec);",
+                        "  for (int i = tid * 8; i < {}; i += {nt} * 8) mi::store_n<8>(out{j} + base + {}, {} + i, vec);",
                         numel(tile),
                         Self::tile_elem_offset(tile, &dev.strides, "i"),
                         self.tile(t)

@@ -148,7 +148,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                     *omap,
                     *forloop_dim,
                     &format!("out{j}"),
-                    &|off| format!("mi::store8(out{j} + base + {off}, {} + k * 8, vec);", v(t)),
+                    &|off| format!("mi::store_n<8>(out{j} + base + {off}, {} + k * 8, vec);", v(t)),
                     &|off| format!("out{j}[base + {off}] = mi::from_f32<{ty}>({}[k * 8 + q]);", v(t)),
                 ));
             }

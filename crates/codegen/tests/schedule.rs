@@ -209,7 +209,7 @@ fn loop_free_row_kernels_keep_tiles_in_registers() {
     let src = kernel_source(&pair.ugraph);
     assert!(src.contains("tiles in registers"), "{src}");
     assert!(src.contains("mi::load8(in0 + base"), "{src}");
-    assert!(src.contains("mi::store8(out0 + base"), "{src}");
+    assert!(src.contains("mi::store_n<8>(out0 + base"), "{src}");
     assert_eq!(src.matches("__syncthreads()").count(), 2, "{src}");
     assert!(!src.contains("mi_smem"), "no dynamic shared memory: {src}");
     // A row that is not a whole number of warp chunks (256 elements) keeps the general schedule.

@@ -1077,30 +1077,49 @@ struct FlashRows {
     }
   }
 
-  // The online-softmax update of one chunk S (NFC fragments of 8 keys per row group): row
-  // maxima, the rescale when any row of the warp needs one, P = exp(S - m) = 2^(S log2e -
-  // m log2e) (one FMA and one MUFU.EX2), its row sums, and P as mma A fragments (`pa`).
+  // The online-softmax update of one chunk S (NFC fragments of 8 keys per row group): P =
+  // exp(S - m) = 2^(S log2e - m log2e) (one FMA and one MUFU.EX2) with the current m, its row
+  // sums, and P as mma A fragments (`pa`). P does not wait for the chunk's row maxima: they
+  // are reduced beside it (pairwise trees, a quad shuffle), and only a chunk whose max passes
+  // m + TH for some row of the warp (rare after the first) rescales O and l and computes P
+  // again. Waiting for the maxima first cost the wgmma loop about a fifth of its time.
   template <int NFC, typename T>
   __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4]) {
+    float t0[RG][NFC], t1[RG][NFC];
+    auto exps = [&] {
+#pragma unroll
+      for (int r = 0; r < RG; ++r) {
+        const float b0 = -m[r][0] * L2E, b1 = -m[r][1] * L2E;
+#pragma unroll
+        for (int j = 0; j < NFC; ++j) {
+          const float e0 = ex2(fmaf(s[r][j][0], L2E, b0)), e1 = ex2(fmaf(s[r][j][1], L2E, b0));
+          const float e2 = ex2(fmaf(s[r][j][2], L2E, b1)), e3 = ex2(fmaf(s[r][j][3], L2E, b1));
+          t0[r][j] = e0 + e1;
+          t1[r][j] = e2 + e3;
+          pa[r][j / 2][(j % 2) * 2] = pack_f32x2(e0, e1, (T*)nullptr);
+          pa[r][j / 2][(j % 2) * 2 + 1] = pack_f32x2(e2, e3, (T*)nullptr);
+        }
+      }
+    };
+    exps();
     float mx[RG][2];
     bool grow = false;
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
-      // Pairwise trees (short dependency chains: a warp's latency is exposed here).
-      float t0[NFC], t1[NFC];
+      float u0[NFC], u1[NFC];
 #pragma unroll
       for (int j = 0; j < NFC; ++j) {
-        t0[j] = fmaxf(s[r][j][0], s[r][j][1]);
-        t1[j] = fmaxf(s[r][j][2], s[r][j][3]);
+        u0[j] = fmaxf(s[r][j][0], s[r][j][1]);
+        u1[j] = fmaxf(s[r][j][2], s[r][j][3]);
       }
 #pragma unroll
       for (int w = 1; w < NFC; w *= 2)
 #pragma unroll
         for (int j = 0; j + w < NFC; j += 2 * w) {
-          t0[j] = fmaxf(t0[j], t0[j + w]);
-          t1[j] = fmaxf(t1[j], t1[j + w]);
+          u0[j] = fmaxf(u0[j], u0[j + w]);
+          u1[j] = fmaxf(u1[j], u1[j + w]);
         }
-      float mx0 = t0[0], mx1 = t1[0];
+      float mx0 = u0[0], mx1 = u1[0];
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
@@ -1128,29 +1147,19 @@ struct FlashRows {
           o[r][j][3] *= a1;
         }
       }
+      exps();
     }
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
-      const float b0 = -m[r][0] * L2E, b1 = -m[r][1] * L2E;
-      float t0[NFC], t1[NFC];
-#pragma unroll
-      for (int j = 0; j < NFC; ++j) {
-        const float e0 = ex2(fmaf(s[r][j][0], L2E, b0)), e1 = ex2(fmaf(s[r][j][1], L2E, b0));
-        const float e2 = ex2(fmaf(s[r][j][2], L2E, b1)), e3 = ex2(fmaf(s[r][j][3], L2E, b1));
-        t0[j] = e0 + e1;
-        t1[j] = e2 + e3;
-        pa[r][j / 2][(j % 2) * 2] = pack_f32x2(e0, e1, (T*)nullptr);
-        pa[r][j / 2][(j % 2) * 2 + 1] = pack_f32x2(e2, e3, (T*)nullptr);
-      }
 #pragma unroll
       for (int w = 1; w < NFC; w *= 2)
 #pragma unroll
         for (int j = 0; j + w < NFC; j += 2 * w) {
-          t0[j] += t0[j + w];
-          t1[j] += t1[j + w];
+          t0[r][j] += t0[r][j + w];
+          t1[r][j] += t1[r][j + w];
         }
-      l[r][0] += t0[0];
-      l[r][1] += t1[0];
+      l[r][0] += t0[r][0];
+      l[r][1] += t1[r][0];
     }
   }
 

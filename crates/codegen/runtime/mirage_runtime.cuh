@@ -1061,6 +1061,11 @@ __device__ __forceinline__ void flash_load_q(unsigned (&q)[KQ][4], const TQ* Q, 
 // relative to m. m trails x by at most TH (natural log units): O and l are rescaled only
 // when a row's max passes m + TH, so P = exp(S - m) stays below 2^8 (exact in fp16/bf16
 // scale) and most updates skip the rescale.
+// A callable that does nothing (default hooks).
+struct NoOp {
+  __device__ __forceinline__ void operator()() const {}
+};
+
 template <int RG, int NFO>
 struct FlashRows {
   float o[RG][NFO][4];
@@ -1083,8 +1088,11 @@ struct FlashRows {
   // are reduced beside it (pairwise trees, a quad shuffle), and only a chunk whose max passes
   // m + TH for some row of the warp (rare after the first) rescales O and l and computes P
   // again. Waiting for the maxima first cost the wgmma loop about a fifth of its time.
-  template <int NFC, typename T>
-  __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4]) {
+  // `before_rescale` runs first in that rare branch (the wgmma form waits there for the P V
+  // still accumulating into O).
+  template <int NFC, typename T, class F = NoOp>
+  __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4],
+                                          F before_rescale = F()) {
     float t0[RG][NFC], t1[RG][NFC];
     auto exps = [&] {
 #pragma unroll
@@ -1131,6 +1139,7 @@ struct FlashRows {
       grow |= mx0 > m[r][0] + TH || mx1 > m[r][1] + TH;
     }
     if (__any_sync(0xffffffffu, grow)) {
+      before_rescale();
 #pragma unroll
       for (int r = 0; r < RG; ++r) {
         const float n0 = fmaxf(m[r][0], mx[r][0]), n1 = fmaxf(m[r][1], mx[r][1]);
@@ -1533,6 +1542,35 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], const unsigned
   MI_WG_MMA(MI_WG_RS32, MI_WG_D16(d));
 #endif
 }
+// The same with A through a descriptor too (K-major: rows of 64 along K, `swz<64, 8>`).
+#define MI_WG_MMA_SS(INSTR, D)                                                    \
+  if constexpr (same_type<T, f16>::value) {                                       \
+    asm volatile(INSTR("f16") : D : "l"(a), "l"(b), "r"(acc));                    \
+  } else {                                                                        \
+    asm volatile(INSTR("bf16") : D : "l"(a), "l"(b), "r"(acc));                   \
+  }
+#define MI_WG_SS64(ty)                                                                                    \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                          \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " "                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+#define MI_WG_SS32(ty)                                                                                    \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                          \
+  "wgmma.mma_async.sync.aligned.m64n32k16.f32." ty "." ty " "                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 1;\n}\n"
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[8][4], unsigned long long a, unsigned long long b, int acc) {
+#if MI_WGMMA
+  MI_WG_MMA_SS(MI_WG_SS64, MI_WG_D32(d));
+#endif
+}
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[4][4], unsigned long long a, unsigned long long b, int acc) {
+#if MI_WGMMA
+  MI_WG_MMA_SS(MI_WG_SS32, MI_WG_D16(d));
+#endif
+}
+
 // Pins an accumulator's registers at this point of the program (the hardware writes them
 // asynchronously until `wg_wait`; the compiler must not move their reads or writes across).
 template <int NF>
@@ -1553,7 +1591,10 @@ __device__ __forceinline__ void wg_pin(float (&d)[NF][4]) {
 // step issues the next block's S = Q K (D / 16 wgmma per group, Q from registers; after the
 // last block, the next iteration's first) before this block's online softmax (`FlashRows`),
 // so the tensor cores work while the exponentials run, then O += P V (wgmma, P from registers).
-template <int NT, int BATCH, int M, int D, int N, int LDQ, int RG, int KS, typename T, typename TQ>
+// With QSS, Q ([BATCH * M][64], K's type) sits as `swz<64, 8>` too and S = Q K takes both
+// operands through descriptors; then within a step each block's P V runs on while the next
+// block's softmax does (see `step`).
+template <int NT, int BATCH, int M, int D, int N, int LDQ, int RG, int KS, typename T, typename TQ, bool QSS = false>
 struct FlashWG {
 #if defined(__CUDA_ARCH__)
   static_assert(MI_WGMMA, "FlashWG needs sm_90a (wgmma)");
@@ -1565,6 +1606,7 @@ struct FlashWG {
   static_assert((NT / 128) % BATCH == 0 && M % (64 * RG) == 0 && NWG == WR * KS && D % 16 == 0 &&
                     N % 64 == 0 && N <= 256 && (NKB == 64 || NKB == 32),
                 "flash (wgmma) tile shape");
+  static_assert(!QSS || (D == 64 && same_type<TQ, T>::value), "flash (wgmma): Q by descriptor needs 64-wide rows of K's type");
   FlashRows<RG, 8> st;
   float s[RG][NFC][4];  // S of the current block (issued one block ahead)
   int lane, bt, row0, slice;  // row0: this warp's first row of its first group
@@ -1583,6 +1625,28 @@ struct FlashWG {
   // S = Q K over block j of this slice's keys for every group into `acc`, issued as one wgmma
   // group (not waited for).
   __device__ __forceinline__ void qk(const T* K, int j, float (&acc)[RG][NFC][4]) {
+    const int key0 = slice * NK + j * NKB;
+    const unsigned kd = wg_desc_lo((unsigned)__cvta_generic_to_shared(K) +
+                                   ((key0 / 64) * BATCH * D + bt * D) * 128 + (key0 % 64) * 2);
+    if constexpr (QSS) {
+      // Q by descriptor: this warpgroup's 64 rows of group r start at row row0 - its warp's
+      // 16; each k-step of 16 is 32 bytes further along the swizzled 128-byte rows.
+      const unsigned ql = wg_desc_lo((unsigned)__cvta_generic_to_shared(qp) + (row0 & ~63) * 128);
+      wg_fence();
+#pragma unroll
+      for (int r = 0; r < RG; ++r)
+#pragma unroll
+        for (int kk = 0; kk < KQ; ++kk) {
+          const unsigned long long qd = wg_desc_sw128(ql + r * 64 * 8 + kk * 2), bd = wg_desc_sw128(kd + kk * 128);
+          if constexpr (NKB == 64) {
+            wgmma_ss_m64n64k16<T>(acc[r], qd, bd, kk);
+          } else {
+            wgmma_ss_m64n32k16<T>(acc[r], qd, bd, kk);
+          }
+        }
+      wg_commit();
+      return;
+    }
     // Q's fragments are read again for every use (a few ldmatrix): ptxas (CUDA 13.0) reuses
     // the registers of wgmma A operands that are only carried around the loop, so fragments
     // loaded once read back clobbered.
@@ -1596,12 +1660,10 @@ struct FlashWG {
         flash_load_q<KQ, LDQ, T, TQ>(q[r], qp, row0 + r * 64, lane);
       }
     }
-    // Block j's keys: column block key0 / 64 of K, starting (key0 % 64) * 2 bytes into its
-    // swizzled rows (the swizzle applies to the address, so a sub-row start reads the same
-    // layout); each 16 rows are 2048 bytes further (128 in the descriptor's address field).
-    const int key0 = slice * NK + j * NKB;
-    const unsigned kd = wg_desc_lo((unsigned)__cvta_generic_to_shared(K) +
-                                   ((key0 / 64) * BATCH * D + bt * D) * 128 + (key0 % 64) * 2);
+    // Block j's keys (`kd` above): column block key0 / 64 of K, starting (key0 % 64) * 2
+    // bytes into its swizzled rows (the swizzle applies to the address, so a sub-row start
+    // reads the same layout); each 16 rows are 2048 bytes further (128 in the descriptor's
+    // address field).
     wg_fence();
 #pragma unroll
     for (int r = 0; r < RG; ++r)
@@ -1641,7 +1703,15 @@ struct FlashWG {
         qk(Kn, 0, sn);
       }
       unsigned pa[RG][NFC / 2][4];
-      st.template softmax<NFC, T>(s, pa);
+      // With QSS the previous block's P V may still be accumulating into O here: the rare
+      // rescale waits for it.
+      st.template softmax<NFC, T>(s, pa, [&] {
+        if constexpr (QSS) {
+          wg_wait<0>();
+#pragma unroll
+          for (int r = 0; r < RG; ++r) wg_pin(st.o[r]);
+        }
+      });
       const unsigned vd =
           wg_desc_lo((unsigned)__cvta_generic_to_shared(V) + (bt * N + slice * NK + j * NKB) * 128);
       wg_fence();
@@ -1650,10 +1720,19 @@ struct FlashWG {
 #pragma unroll
         for (int kk = 0; kk < NFC / 2; ++kk) wgmma_m64n64k16<T>(st.o[r], pa[r][kk], wg_desc_sw128(vd + kk * 128), 1);
       wg_commit();
-      wg_wait<0>();
+      // With QSS, a block followed by another of this step retires only the next S (committed
+      // before this P V), so P V runs on beside the next softmax. (With Q's fragments loaded
+      // into registers for S, ptxas serialises every wgmma instead.) The step's last block
+      // waits for both: the next iteration's loads reuse this stage's buffers.
+      const bool overlap = QSS && j + 1 < NB;
+      if (overlap) {
+        wg_wait<1>();
+      } else {
+        wg_wait<0>();
+      }
 #pragma unroll
       for (int r = 0; r < RG; ++r) {
-        wg_pin(st.o[r]);
+        if (!overlap) wg_pin(st.o[r]);
         if (more) {
           wg_pin(sn[r]);
 #pragma unroll

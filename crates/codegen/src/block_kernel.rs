@@ -732,6 +732,16 @@ fn emit_with(
                     _ => return Ok(None),
                 }
             }
+            // A loaded Q of K's type in rows of 64 read only by the region goes in the same
+            // pattern: S = Q K then takes both operands through descriptors, which leaves no
+            // register operand for the next S to define while the previous P V runs (see
+            // `mi::FlashWG::step`).
+            let only_flash = steps.iter().all(|&(sec, st)| st == Step::Flash || !rw(sec, st).1.contains(&f.q));
+            if let Some(l) = layout[f.q] {
+                if storage[f.q] == st && l.vector && l.inner == 64 && f.d == 64 && only_flash {
+                    layout[f.q] = Some(Layout { ld: 64, swz: Some(8), blocks: false, ..l });
+                }
+            }
         } else {
             // The mma.sync form reads K and V with ldmatrix through a pitch: rows of whole
             // 128-byte lines are padded by 32 bytes, not 16, so that every copied sector lands
@@ -828,7 +838,7 @@ fn emit_with(
                     buf_of[t] = Some(b);
                 }
                 None => {
-                    let wg_tile = fr.as_ref().is_some_and(|f| f.wg.is_some() && (t == f.k || t == f.v));
+                    let wg_tile = fr.as_ref().is_some_and(|f| f.wg.is_some() && (t == f.k || t == f.v || t == f.q));
                     // Swizzled rows sit on whole 128-byte lines (their copies' and ldmatrix's
                     // bank pattern assumes it).
                     let align = if wg_tile {
@@ -1511,12 +1521,13 @@ impl Ctx<'_> {
                     if let Some((rg, ks)) = f.wg {
                         wl!(
                             s,
-                            "  mi::FlashWG<NT, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}> fa;",
+                            "  mi::FlashWG<NT, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}, {}> fa;",
                             f.batch,
                             f.m,
                             f.d,
                             f.n,
-                            ld(f.q)
+                            ld(f.q),
+                            self.layout[f.q].is_some_and(|l| l.swz.is_some())
                         );
                     } else {
                         let (rg, ks) = f.warps(self.nt);

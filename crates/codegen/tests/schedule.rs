@@ -156,9 +156,10 @@ fn attention_runs_on_warpgroup_tensor_cores_on_sm_90() {
     // sm_90: the same region as `mi::FlashWG` (wgmma): K and V staged in 128-byte rows with
     // the hardware's swizzle from 1024-byte aligned buffers, the loop waiting for the next
     // stage too (its K is read a step ahead, at every iteration: no run-time test around the
-    // lookahead's wgmma) and fencing the copies for the tensor cores.
+    // lookahead's wgmma) and fencing the copies for the tensor cores. Q, loaded and read only by
+    // the region, takes the same swizzle (S = Q K with both operands by descriptor: QSS).
     let src = kernel_source(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph);
-    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 72, 1, 1, mi::f16, mi::f16> fa;"), "{src}");
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 64, 1, 1, mi::f16, mi::f16, true> fa;"), "{src}");
     assert!(src.contains("__align__(1024) unsigned char mi_smem[]"), "{src}");
     assert!(src.contains("mi::swz<64, 8>(i)"), "{src}");
     let body = loop_body(&src);
@@ -166,8 +167,11 @@ fn attention_runs_on_warpgroup_tensor_cores_on_sm_90() {
     assert!(body.contains("fa.step<true>(") && body.contains("_st + ((it + 1) % 4) * "), "{body}");
     assert!(!body.contains("nullptr"), "{body}");
     assert_eq!(body.matches("__syncthreads()").count(), 1, "{body}");
-    // Every K and V buffer starts on a 1024-byte boundary.
-    for line in src.lines().filter(|l| l.contains("_st = reinterpret_cast")) {
+    // Every K and V buffer, and Q's, starts on a 1024-byte boundary.
+    assert_eq!(src.matches("t0 + mi::swz<64, 8>(i)").count(), 1, "{src}");
+    for line in
+        src.lines().filter(|l| l.contains("_st = reinterpret_cast") || l.contains("const t0 = reinterpret_cast"))
+    {
         let off: usize = line
             .split("mi_smem + ")
             .nth(1)
@@ -186,7 +190,7 @@ fn wide_key_tiles_go_in_swizzled_column_blocks() {
     let src = kernel_source(&zoo::attention_online(wide, DType::Float16).expect("zoo").ugraph);
     assert!(src.contains("mi::swzb<256, 64>(i)"), "{src}");
     assert!(src.contains("mi::swz<64, 8>(i)"), "{src}");
-    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 256, 72, "), "{src}");
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 256, 64, "), "{src}");
 }
 
 #[test]

@@ -1055,17 +1055,17 @@ __device__ __forceinline__ void flash_load_q(unsigned (&q)[KQ][4], const TQ* Q, 
   }
 }
 
+// A callable that does nothing (default hooks).
+struct NoOp {
+  __device__ __forceinline__ void operator()() const {}
+};
+
 // The running softmax state of a warp's RG row groups (rows g and g + 8 of 16 each) and
 // their O accumulators, in the mma accumulator layout (wgmma's per warp is the same).
 // m is the reference max the exponentials use; x, the true running max; l, the row sum
 // relative to m. m trails x by at most TH (natural log units): O and l are rescaled only
 // when a row's max passes m + TH, so P = exp(S - m) stays below 2^8 (exact in fp16/bf16
 // scale) and most updates skip the rescale.
-// A callable that does nothing (default hooks).
-struct NoOp {
-  __device__ __forceinline__ void operator()() const {}
-};
-
 template <int RG, int NFO>
 struct FlashRows {
   float o[RG][NFO][4];
@@ -1507,14 +1507,16 @@ __device__ __forceinline__ void wg_wait() {
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
 
-// One wgmma of instruction string RS (of the element type) with accumulator operands D, A
-// in registers a, B descriptor b, scale-d flag acc: the f16 or bf16 form by T.
-#define MI_WG_MMA(RS, D)                                                                          \
-  if constexpr (same_type<T, f16>::value) {                                                       \
-    asm volatile(RS("f16") : D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));  \
-  } else {                                                                                        \
-    asm volatile(RS("bf16") : D : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc)); \
+// One wgmma of instruction string INSTR (of the element type) with accumulator operands D,
+// then the A operands (registers a[0..3], or descriptor a), B descriptor b, scale-d flag acc:
+// the f16 or bf16 form by T.
+#define MI_WG_MMA(INSTR, D, ...)                                                     \
+  if constexpr (same_type<T, f16>::value) {                                          \
+    asm volatile(INSTR("f16") : D : __VA_ARGS__, "l"(b), "r"(acc));                  \
+  } else {                                                                           \
+    asm volatile(INSTR("bf16") : D : __VA_ARGS__, "l"(b), "r"(acc));                 \
   }
+#define MI_WG_A_REGS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
 
 // d (+)= A B for one warpgroup, m64 n64 k16: A in registers (each warp its 16 rows, the mma
 // A-fragment layout), B through descriptor `b` (MN-major: transposed), d in the mma
@@ -1522,7 +1524,7 @@ __device__ __forceinline__ void wg_wait() {
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b, int acc) {
 #if MI_WGMMA
-  MI_WG_MMA(MI_WG_RS, MI_WG_D32(d));
+  MI_WG_MMA(MI_WG_RS, MI_WG_D32(d), MI_WG_A_REGS);
 #endif
 }
 
@@ -1539,16 +1541,10 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const unsigned
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], const unsigned (&a)[4], unsigned long long b, int acc) {
 #if MI_WGMMA
-  MI_WG_MMA(MI_WG_RS32, MI_WG_D16(d));
+  MI_WG_MMA(MI_WG_RS32, MI_WG_D16(d), MI_WG_A_REGS);
 #endif
 }
 // The same with A through a descriptor too (K-major: rows of 64 along K, `swz<64, 8>`).
-#define MI_WG_MMA_SS(INSTR, D)                                                    \
-  if constexpr (same_type<T, f16>::value) {                                       \
-    asm volatile(INSTR("f16") : D : "l"(a), "l"(b), "r"(acc));                    \
-  } else {                                                                        \
-    asm volatile(INSTR("bf16") : D : "l"(a), "l"(b), "r"(acc));                   \
-  }
 #define MI_WG_SS64(ty)                                                                                    \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                          \
   "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " "                                          \
@@ -1561,13 +1557,13 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], const unsigned
 template <typename T>
 __device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[8][4], unsigned long long a, unsigned long long b, int acc) {
 #if MI_WGMMA
-  MI_WG_MMA_SS(MI_WG_SS64, MI_WG_D32(d));
+  MI_WG_MMA(MI_WG_SS64, MI_WG_D32(d), "l"(a));
 #endif
 }
 template <typename T>
 __device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[4][4], unsigned long long a, unsigned long long b, int acc) {
 #if MI_WGMMA
-  MI_WG_MMA_SS(MI_WG_SS32, MI_WG_D16(d));
+  MI_WG_MMA(MI_WG_SS32, MI_WG_D16(d), "l"(a));
 #endif
 }
 

@@ -723,10 +723,11 @@ fn emit_with(
         // swizzled as the hardware's 128-byte pattern (`swz<64, 8>`, 1024-byte aligned).
         // K wider than 64 keys goes in column blocks of 64 (`swzb`). Only the region reads them.
         if f.wg.is_some() {
+            let only_flash =
+                |t: STensorId| steps.iter().all(|&(sec, st)| st == Step::Flash || !rw(sec, st).1.contains(&t));
             for (t, inner) in [(f.k, f.n), (f.v, 64)] {
-                let only_flash = steps.iter().all(|&(sec, st)| st == Step::Flash || !rw(sec, st).1.contains(&t));
                 match layout[t] {
-                    Some(l) if l.staged && l.vector && l.inner == inner && only_flash => {
+                    Some(l) if l.staged && l.vector && l.inner == inner && only_flash(t) => {
                         layout[t] = Some(Layout { ld: inner, swz: Some(8), blocks: inner > 64, ..l });
                     }
                     _ => return Ok(None),
@@ -736,9 +737,8 @@ fn emit_with(
             // pattern: S = Q K then takes both operands through descriptors, which leaves no
             // register operand for the next S to define while the previous P V runs (see
             // `mi::FlashWG::step`).
-            let only_flash = steps.iter().all(|&(sec, st)| st == Step::Flash || !rw(sec, st).1.contains(&f.q));
             if let Some(l) = layout[f.q] {
-                if storage[f.q] == st && l.vector && l.inner == 64 && f.d == 64 && only_flash {
+                if storage[f.q] == st && l.vector && l.inner == 64 && f.d == 64 && only_flash(f.q) {
                     layout[f.q] = Some(Layout { ld: 64, swz: Some(8), blocks: false, ..l });
                 }
             }

@@ -166,24 +166,13 @@ impl Module {
             // SAFETY: the module is loaded.
             let f =
                 unsafe { cu::module::get_function(m.module, name) }.map_err(|e| drv_err("cuModuleGetFunction", e))?;
-            let set_max = |bytes: usize| {
-                // SAFETY: `f` is a valid function of the loaded module.
-                unsafe {
-                    cu::function::set_function_attribute(
-                        f,
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        bytes as i32,
-                    )
-                }
-                .map_err(|e| drv_err("cuFuncSetAttribute", e))
-            };
             let mut k = k.clone();
             if k.smem_bytes > 48 * 1024 {
-                set_max(k.smem_bytes)?;
+                set_max_dynamic_smem(f, k.smem_bytes)?;
                 if dependent && k.dep_wait && k.cluster == [1; 3] {
                     let padded = one_wave_smem(f, &k, &device)?;
                     if padded > k.smem_bytes {
-                        set_max(padded)?;
+                        set_max_dynamic_smem(f, padded)?;
                         k.smem_bytes = padded;
                     }
                 }
@@ -237,6 +226,19 @@ impl Module {
     }
 }
 
+/// Lets function `f` (of a loaded module) take `bytes` of dynamic shared memory.
+fn set_max_dynamic_smem(f: sys::CUfunction, bytes: usize) -> Result<()> {
+    // SAFETY: `f` is a valid function of a loaded module.
+    unsafe {
+        cu::function::set_function_attribute(
+            f,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+    }
+    .map_err(|e| drv_err("cuFuncSetAttribute", e))
+}
+
 /// Dynamic shared memory for the launches of `k` (a large-tile kernel launched as a
 /// programmatic dependent): its own, or more where its grid fills at most `need` =
 /// ceil(blocks / SMs) >= 2 blocks an SM but more would fit. The spare slots would take the next
@@ -264,15 +266,7 @@ fn one_wave_smem(f: sys::CUfunction, k: &KernelSpec, device: &Device) -> Result<
     // Each block also reserves 1 KB of the SM's shared memory.
     let mut bytes = (device.smem_per_sm / (need + 1)).saturating_sub(1024).max(k.smem_bytes);
     while bytes <= device.smem_optin {
-        // SAFETY: as above.
-        unsafe {
-            cu::function::set_function_attribute(
-                f,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-        }
-        .map_err(|e| drv_err("cuFuncSetAttribute", e))?;
+        set_max_dynamic_smem(f, bytes)?;
         if fits(bytes)? <= need {
             return Ok(bytes);
         }

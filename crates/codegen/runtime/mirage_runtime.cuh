@@ -237,6 +237,7 @@ __host__ __device__ constexpr int pow2_floor(int x) {
   return p;
 }
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int cmax(int a, int b) { return a < b ? b : a; }
 
 // How NT threads share NOUT reductions of LEN elements: WPO whole warps per output (their
 // partials meet in shared memory) when outputs are fewer than warps and long, else TPO lanes
@@ -428,42 +429,62 @@ __device__ __forceinline__ void rms_norm_rows(Load load, Store store) {
       },
       [](float a, float b) { return a + b; },
       [&](int r, float ss, int first, int step) {
-        const float rms = sqrtf(ss / (float)LEN);
-        for (int l = first; l < LEN; l += step) store(r * LEN + l, load(r * LEN + l) / rms);
+        const float inv = 1.0f / sqrtf(ss / (float)LEN);
+        for (int l = first; l < LEN; l += step) store(r * LEN + l, load(r * LEN + l) * inv);
       });
 }
 
-// RMS normalisation of ROWS rows of LEN 16-bit values T, row r at row(r) (contiguous,
-// 16-byte aligned; shared or device memory), 16 bytes at a time: TPO lanes share a row
+// RMS normalisation of ROWS rows of LEN 16-bit values T, 16-byte vector v of row r at
+// chunk(r, v) (16-byte aligned; shared or device memory), 16 bytes at a time: TPO lanes share a row
 // (coalesced loads, shuffles, no barrier), each keeps its CNT vectors in registers between
-// the sum of squares and the results: out(r, v, u, rms) gets vector v (elements 8v .. 8v + 7)
-// of row r as loaded and the row's rms. LEN % 8 == 0. Every thread must call it.
-template <int NT, int ROWS, int LEN, class T, class Row, class Out>
-__device__ __forceinline__ void rms_rows_regs(Row row, Out out) {
+// the sum of squares and the results: out(r, v, u, inv) gets vector v (elements 8v .. 8v + 7)
+// of row r as loaded and 1 / the row's rms (`rsqrtf` once a row; an IEEE division an element
+// had QK-norm b=1's attention kernel, which normalises V in its loop, at 19.3 µs against
+// 14.1). LEN % 8 == 0. Every thread must call it.
+template <int NT, int ROWS, int LEN, class T, class Chunk, class Out>
+__device__ __forceinline__ void rms_rows_regs(Chunk chunk, Out out) {
   static_assert(LEN % 8 == 0 && sizeof(T) == 2, "16-byte rows of 16-bit values");
   constexpr int V = LEN / 8;
   constexpr int TPO = pow2_floor(cmin(32, V));
   constexpr int CNT = (V + TPO - 1) / TPO;
   const int t = lin_tid();
   const int g = t / TPO, j = t % TPO;
-  for (int r0 = 0; r0 < ROWS; r0 += NT / TPO) {
-    const int r = r0 + g;
-    uint4 u[CNT];
-    float ss = 0.0f;
+  // Up to B passes (rows r0 + p * RP + g) at once, B * CNT <= 8 vectors: every load first,
+  // then the sums, then the results, so that the passes' loads, shuffles and rsqrt overlap
+  // (ptxas keeps a pass's loads below the previous pass's stores, which may alias them).
+  constexpr int RP = NT / TPO, B = cmin(cmax(8 / CNT, 1), (ROWS + RP - 1) / RP);
+  for (int r0 = 0; r0 < ROWS; r0 += B * RP) {
+    uint4 u[B][CNT];
+    float ss[B];
 #pragma unroll
-    for (int c = 0; c < CNT; ++c) {
-      const int v = j + c * TPO;
-      if (r < ROWS && (V % TPO == 0 || v < V)) {
-        u[c] = *reinterpret_cast<const uint4*>(row(r) + v * 8);
-        acc8<T>(ss, u[c], [](float x) { return x * x; });
+    for (int p = 0; p < B; ++p) {
+      const int r = r0 + p * RP + g;
+      ss[p] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < CNT; ++c) {
+        const int v = j + c * TPO;
+        if (r < ROWS && (V % TPO == 0 || v < V)) u[p][c] = *reinterpret_cast<const uint4*>(chunk(r, v));
       }
     }
-    ss = lanes_reduce<TPO>(ss, [](float a, float b) { return a + b; });
-    const float rms = sqrtf(ss / (float)LEN);
 #pragma unroll
-    for (int c = 0; c < CNT; ++c) {
-      const int v = j + c * TPO;
-      if (r < ROWS && (V % TPO == 0 || v < V)) out(r, v, u[c], rms);
+    for (int p = 0; p < B; ++p) {
+      const int r = r0 + p * RP + g;
+#pragma unroll
+      for (int c = 0; c < CNT; ++c) {
+        const int v = j + c * TPO;
+        if (r < ROWS && (V % TPO == 0 || v < V)) acc8<T>(ss[p], u[p][c], [](float x) { return x * x; });
+      }
+      ss[p] = lanes_reduce<TPO>(ss[p], [](float a, float b) { return a + b; });
+    }
+#pragma unroll
+    for (int p = 0; p < B; ++p) {
+      const int r = r0 + p * RP + g;
+      const float inv = rsqrtf(ss[p] / (float)LEN);
+#pragma unroll
+      for (int c = 0; c < CNT; ++c) {
+        const int v = j + c * TPO;
+        if (r < ROWS && (V % TPO == 0 || v < V)) out(r, v, u[p][c], inv);
+      }
     }
   }
 }
@@ -472,10 +493,10 @@ __device__ __forceinline__ void rms_rows_regs(Row row, Out out) {
 // store(r * LEN + l, v) one by one.
 template <int NT, int ROWS, int LEN, class T, class Row, class Store>
 __device__ __forceinline__ void rms_norm_rows_ld(Row row, Store store) {
-  rms_rows_regs<NT, ROWS, LEN, T>(row, [&](int r, int v, const uint4& u, float rms) {
+  rms_rows_regs<NT, ROWS, LEN, T>([&](int r, int v) { return row(r) + v * 8; }, [&](int r, int v, const uint4& u, float inv) {
     const T* h = reinterpret_cast<const T*>(&u);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) store(r * LEN + v * 8 + e, to_f32(h[e]) / rms);
+    for (int e = 0; e < 8; ++e) store(r * LEN + v * 8 + e, to_f32(h[e]) * inv);
   });
 }
 
@@ -484,12 +505,12 @@ __device__ __forceinline__ void rms_norm_rows_ld(Row row, Store store) {
 template <int NT, int ROWS, int LEN, int LDI, int LDO, class T>
 __device__ __forceinline__ void rms_norm_rows_vec(const T* in, T* out) {
   static_assert(LDI % 8 == 0 && LDO % 8 == 0, "16-byte row pitches");
-  rms_rows_regs<NT, ROWS, LEN, T>([&](int r) { return in + r * LDI; }, [&](int r, int v, const uint4& u, float rms) {
+  rms_rows_regs<NT, ROWS, LEN, T>([&](int r, int v) { return in + r * LDI + v * 8; }, [&](int r, int v, const uint4& u, float inv) {
     uint4 o;
     const T* h = reinterpret_cast<const T*>(&u);
     T* w = reinterpret_cast<T*>(&o);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) w[e] = from_f32<T>(to_f32(h[e]) / rms);
+    for (int e = 0; e < 8; ++e) w[e] = from_f32<T>(to_f32(h[e]) * inv);
     *reinterpret_cast<uint4*>(out + r * LDO + v * 8) = o;
   });
 }

@@ -737,8 +737,13 @@ fn emit_with(
             // pattern: S = Q K then takes both operands through descriptors, which leaves no
             // register operand for the next S to define while the previous P V runs (see
             // `mi::FlashWG::step`).
+            // So does a Q row-normalised before the loop (QK-norm's Q), written through the
+            // swizzle; the loop's first proxy fence covers those writes.
+            let q_normed = steps.iter().any(
+                |&(sec, st)| matches!(st, Step::RmsNorm { op } if sec == Section::Pre && bg.ops[op].outputs[0] == f.q),
+            );
             if let Some(l) = layout[f.q] {
-                if storage[f.q] == st && l.vector && l.inner == 64 && f.d == 64 && only_flash(f.q) {
+                if storage[f.q] == st && (l.vector || q_normed) && l.inner == 64 && f.d == 64 && only_flash(f.q) {
                     layout[f.q] = Some(Layout { ld: 64, swz: Some(8), blocks: false, ..l });
                 }
             }
@@ -1972,8 +1977,11 @@ impl Ctx<'_> {
                 let len = d[d.len() - 1];
                 // A staged 16-bit tile into a 16-bit tile: whole rows in registers, 16 bytes a time.
                 let ldo = self.layout[o].map_or(len, |l| l.ld);
+                // QK-norm's Q under the wgmma form goes swizzled (see the layouts): the loop's
+                // first proxy fence makes its writes visible to the tensor cores.
+                let swz = self.layout[o].is_some_and(|l| l.swz.is_some());
                 if let Some((ldi, cty)) = self.vec_rows(x) {
-                    if self.storage[o] == self.storage[x] && ldo.is_multiple_of(8) && len / 8 <= 16 * 32 {
+                    if !swz && self.storage[o] == self.storage[x] && ldo.is_multiple_of(8) && len / 8 <= 16 * 32 {
                         wl!(
                             s,
                             "mi::rms_norm_rows_vec<{nt}, {}, {len}, {ldi}, {ldo}, {cty}>({}, {});",

@@ -183,6 +183,26 @@ fn attention_runs_on_warpgroup_tensor_cores_on_sm_90() {
 }
 
 #[test]
+fn a_q_normalised_before_the_loop_is_written_swizzled_for_the_descriptors() {
+    // QK-norm's Q, row-normalised in the kernel before the loop, is read only by the wgmma
+    // region: the norm writes it through the 128-byte swizzle (QSS, as a loaded Q) from a
+    // 1024-byte aligned buffer, and the loop's first proxy fence comes before any wgmma reads it.
+    let src = kernel_source(&zoo::qnorm_attention_online(attn(), DType::Float16).expect("zoo").ugraph);
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 64, 1, 1, mi::f16, mi::f16, true> fa;"), "{src}");
+    let norm = src.lines().find(|l| l.contains("rms_norm_rows")).expect("Q's rms norm");
+    assert!(norm.contains("[mi::swz<64, 8>(i)] = "), "{norm}");
+    let q = norm.split("[mi::swz").next().and_then(|l| l.rsplit(' ').next()).expect("Q's tile");
+    let decl = src.lines().find(|l| l.contains(&format!("* const {q} = reinterpret_cast"))).expect("Q's buffer");
+    let off: usize =
+        decl.split("mi_smem + ").nth(1).and_then(|r| r.split(')').next()).and_then(|n| n.parse().ok()).expect("offset");
+    assert_eq!(off % 1024, 0, "{decl}");
+    let (pre, body) = src.split_at(src.find("for (int it = 0;").expect("a for-loop"));
+    assert!(!pre.contains("fa.step"), "{pre}");
+    let fence = body.find("mi::fence_proxy_async();").expect("a proxy fence");
+    assert!(fence < body.find("fa.step").expect("the step"), "{body}");
+}
+
+#[test]
 fn wide_key_tiles_go_in_swizzled_column_blocks() {
     // 256 keys per iteration: K [64, 256] is stored as 4 column blocks of [64, 64] (`swzb`),
     // V [256, 64] keeps its 128-byte rows; the warpgroups take the keys in blocks of 64.

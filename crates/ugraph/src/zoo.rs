@@ -188,9 +188,31 @@ fn flash_kernel1(a: Attn, dt: DType) -> Result<(KernelGraph, Vec<TensorId>, Bloc
 /// max with `reduction_max` and rescales its accumulators; kernel 2 merges the splits by their
 /// maxima the same way.
 pub fn attention_online(a: Attn, dt: DType) -> Result<Pair> {
-    let Attn { b, h, d, splits, qsplit, .. } = a;
+    online(a, false, dt)
+}
+
+/// [`attention_online`] of `rms_norm(Q)` over d, normalised in kernel 1 before its loop
+/// (QK-norm's attention once V is normalised by a kernel of its own).
+pub fn qnorm_attention_online(a: Attn, dt: DType) -> Result<Pair> {
+    online(a, true, dt)
+}
+
+fn online(a: Attn, qnorm: bool, dt: DType) -> Result<Pair> {
+    let Attn { b, h, d, s, splits, qsplit, .. } = a;
     let mut pair = attention(a, false, dt)?;
+    if qnorm {
+        let shapes: [&[usize]; 3] = [&[b, h, d], &[b, d, s], &[b, s, d]];
+        let mut r = KernelGraph::new();
+        let v = inputs(&mut r, &shapes, dt)?;
+        let q = r.rms_norm(v[0], &[d], None)?;
+        let sc = r.matmul(q, v[1])?;
+        let p = r.softmax(sc, -1)?;
+        let o = r.matmul(p, v[2])?;
+        r.mark_output(o, None)?;
+        pair.reference = r;
+    }
     let (mut g, v, mut k1, [tq, tk, tv]) = flash_kernel1(a, dt)?;
+    let tq = if qnorm { k1.rms_norm(tq)? } else { tq };
     let a = k1.matmul(tq, tk)?;
     let (mx, diff) = k1.reduction_max(a, 2)?;
     let shifted = k1.binary(BinaryOp::Sub, a, mx)?;
@@ -223,7 +245,7 @@ pub fn attention_online(a: Attn, dt: DType) -> Result<Pair> {
     let o = g.customized(&part, k2)?;
     g.mark_output(o[0], None)?;
     pair.ugraph = g;
-    pair.name = "attention_online".into();
+    pair.name = if qnorm { "qnorm_attention_online" } else { "attention_online" }.into();
     Ok(pair)
 }
 

@@ -439,8 +439,8 @@ __device__ __forceinline__ void rms_norm_rows(Load load, Store store) {
 // (coalesced loads, shuffles, no barrier), each keeps its CNT vectors in registers between
 // the sum of squares and the results: out(r, v, u, inv) gets vector v (elements 8v .. 8v + 7)
 // of row r as loaded and 1 / the row's rms (`rsqrtf` once a row; an IEEE division an element
-// had QK-norm b=1's attention kernel, which normalises V in its loop, at 19.3 µs against
-// 14.1). LEN % 8 == 0. Every thread must call it.
+// had QK-norm b=1's attention kernel, which normalises V in its loop, at 19.0-19.5 µs
+// against 14.4-14.6). LEN % 8 == 0. Every thread must call it.
 template <int NT, int ROWS, int LEN, class T, class Chunk, class Out>
 __device__ __forceinline__ void rms_rows_regs(Chunk chunk, Out out) {
   static_assert(LEN % 8 == 0 && sizeof(T) == 2, "16-byte rows of 16-bit values");

@@ -136,15 +136,8 @@ pub struct Attn {
 /// loops over them, accumulating `exp(QK) V` and `sum exp(QK)`; kernel 2 sums the partials
 /// (`sum_todimx` / `sum`) and divides.
 pub fn attention(cfg: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
-    let Attn { b, h, d, s, splits, qsplit, .. } = cfg;
-    let shapes: [&[usize]; 3] = [&[b, h, d], &[b, d, s], &[b, s, d]];
-    let mut r = KernelGraph::new();
-    let v = inputs(&mut r, &shapes, dt)?;
-    let (q, vv) = if qknorm { (r.rms_norm(v[0], &[d], None)?, r.rms_norm(v[2], &[d], None)?) } else { (v[0], v[2]) };
-    let a = r.matmul(q, v[1])?;
-    let p = r.softmax(a, -1)?;
-    let o = r.matmul(p, vv)?;
-    r.mark_output(o, None)?;
+    let Attn { b, h, d, splits, qsplit, .. } = cfg;
+    let r = attention_reference(cfg, qknorm, qknorm, dt)?;
 
     let (mut g, v, mut k1, [tq, tk, tv]) = flash_kernel1(cfg, dt)?;
     let (tq, tv) = if qknorm { (k1.rms_norm(tq)?, k1.rms_norm(tv)?) } else { (tq, tv) };
@@ -168,6 +161,22 @@ pub fn attention(cfg: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
     g.mark_output(o[0], None)?;
     let name = if qknorm { "qknorm_attention" } else { "attention" };
     Ok(Pair { name: name.into(), reference: r, ugraph: g })
+}
+
+/// The reference `softmax(Q K) V` of an attention workload, with `rms_norm` over d of Q
+/// (`norm_q`) and of V (`norm_v`) first.
+fn attention_reference(cfg: Attn, norm_q: bool, norm_v: bool, dt: DType) -> Result<KernelGraph> {
+    let Attn { b, h, d, s, .. } = cfg;
+    let shapes: [&[usize]; 3] = [&[b, h, d], &[b, d, s], &[b, s, d]];
+    let mut r = KernelGraph::new();
+    let v = inputs(&mut r, &shapes, dt)?;
+    let q = if norm_q { r.rms_norm(v[0], &[d], None)? } else { v[0] };
+    let vv = if norm_v { r.rms_norm(v[2], &[d], None)? } else { v[2] };
+    let a = r.matmul(q, v[1])?;
+    let p = r.softmax(a, -1)?;
+    let o = r.matmul(p, vv)?;
+    r.mark_output(o, None)?;
+    Ok(r)
 }
 
 /// The µGraph's inputs Q, K, V and kernel 1's input iterators: keys split over grid y and the
@@ -198,19 +207,8 @@ pub fn qnorm_attention_online(a: Attn, dt: DType) -> Result<Pair> {
 }
 
 fn online(a: Attn, qnorm: bool, dt: DType) -> Result<Pair> {
-    let Attn { b, h, d, s, splits, qsplit, .. } = a;
-    let mut pair = attention(a, false, dt)?;
-    if qnorm {
-        let shapes: [&[usize]; 3] = [&[b, h, d], &[b, d, s], &[b, s, d]];
-        let mut r = KernelGraph::new();
-        let v = inputs(&mut r, &shapes, dt)?;
-        let q = r.rms_norm(v[0], &[d], None)?;
-        let sc = r.matmul(q, v[1])?;
-        let p = r.softmax(sc, -1)?;
-        let o = r.matmul(p, v[2])?;
-        r.mark_output(o, None)?;
-        pair.reference = r;
-    }
+    let Attn { b, h, d, splits, qsplit, .. } = a;
+    let reference = attention_reference(a, qnorm, false, dt)?;
     let (mut g, v, mut k1, [tq, tk, tv]) = flash_kernel1(a, dt)?;
     let tq = if qnorm { k1.rms_norm(tq)? } else { tq };
     let a = k1.matmul(tq, tk)?;
@@ -244,9 +242,8 @@ fn online(a: Attn, qnorm: bool, dt: DType) -> Result<Pair> {
     k2.new_output(out, [0, 1, -1], -1)?;
     let o = g.customized(&part, k2)?;
     g.mark_output(o[0], None)?;
-    pair.ugraph = g;
-    pair.name = if qnorm { "qnorm_attention_online" } else { "attention_online" }.into();
-    Ok(pair)
+    let name = if qnorm { "qnorm_attention_online" } else { "attention_online" };
+    Ok(Pair { name: name.into(), reference, ugraph: g })
 }
 
 /// nTrans: `rms_norm(X + alpha * (rms_norm(H) + X))` over rows of `n`; one kernel, a block per row.

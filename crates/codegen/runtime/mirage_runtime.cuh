@@ -367,6 +367,21 @@ __device__ __forceinline__ void store_n(T* __restrict__ p, const float* v, bool 
   }
 }
 
+// Reads N (a multiple of 4) consecutive floats of shared memory at p (16-byte aligned), four at a
+// time.
+template <int N>
+__device__ __forceinline__ void load_f32_n(float (&v)[N], const float* p) {
+  static_assert(N % 4 == 0, "load_f32_n: a multiple of 4 values");
+#pragma unroll
+  for (int q = 0; q < N / 4; ++q) {
+    const float4 x = reinterpret_cast<const float4*>(p)[q];
+    v[4 * q] = x.x;
+    v[4 * q + 1] = x.y;
+    v[4 * q + 2] = x.z;
+    v[4 * q + 3] = x.w;
+  }
+}
+
 // Adds map(x) for the eight 16-bit values T packed in u to acc, in order.
 template <class T, class Map>
 __device__ __forceinline__ void acc8(float& acc, const uint4& u, Map map) {

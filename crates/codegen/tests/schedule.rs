@@ -358,6 +358,20 @@ fn the_epilogue_runs_in_registers_and_its_finishes_need_no_barrier_between() {
 }
 
 #[test]
+fn an_epilogue_reads_whole_rows_16_bytes_at_a_time_and_a_row_divisor_once() {
+    // The same epilogue (acc / rms over [32, 32] tiles, eight elements a thread): the
+    // accumulator tile is read as two float4 (one float at a time, a warp's reads were 8-way
+    // bank conflicts), the row's rms once, and the division multiplies by its reciprocal.
+    let pair = zoo::rmsnorm_linear(32, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    let epi = &src[src.find("// fused element-wise -> output 0").expect("the epilogue")..];
+    assert!(epi.contains("float x0[8];\n      mi::load_f32_n<8>(x0, t"), "{epi}");
+    assert!(epi.contains("const float x1 = t") && epi.contains("[(i8 / 32)];"), "{epi}");
+    assert!(epi.contains("const float x1_rcp = 1.0f / x1;"), "{epi}");
+    assert!(epi.contains("(r0 * x1_rcp)") && !epi.contains(" / r1"), "{epi}");
+}
+
+#[test]
 fn an_epilogue_with_four_elements_a_thread_stores_them_together() {
     // [16, 32] output tiles (512 elements, 128 threads): four elements a thread, computed in
     // registers and stored 8 bytes at a time, with no tile of their own.

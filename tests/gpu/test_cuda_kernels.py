@@ -213,6 +213,25 @@ def test_register_row_norms(dtype, length):
     check(g, dtype, scale=3.0)
 
 
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16])
+def test_row_kernel_feeding_a_later_kernel(dtype):
+    # A register row norm whose output only a second kernel reads (stored with the L2 policy
+    # evict_last, its input loaded with evict_first), then that kernel's own norm.
+    g = mi.new_kernel_graph()
+    X = g.new_input((4, 8, 1024), dtype=dtype)
+    Y = g.new_input((4, 8, 1024), dtype=dtype)
+    t1 = mi.new_threadblock_graph((4, 8, 1), (128, 1, 1), 1, 4)
+    t1.new_output(t1.rms_norm(t1.new_input(X, (0, 1, -1), -1)), (0, 1, -1), -1)
+    (xn,) = g.customized([X], t1)
+    t2 = mi.new_threadblock_graph((4, 8, 1), (128, 1, 1), 1, 4)
+    a, b = t2.new_input(xn, (0, 1, -1), -1), t2.new_input(Y, (0, 1, -1), -1)
+    t2.new_output(t2.rms_norm(t2.add(a, b)), (0, 1, -1), -1)
+    for o in g.customized([xn, Y], t2):
+        g.mark_output(o)
+    assert "mi::store8_pol(" in _cuda.cuda_source(g, 90)[0]
+    check(g, dtype, scale=3.0)
+
+
 @pytest.mark.parametrize(("splits", "threads"), [(8, 256), (8, 128), (16, 96), (64, 128)])
 @pytest.mark.parametrize("dtype", [mi.float16, mi.float32])
 def test_register_loop_combine(dtype, splits, threads):

@@ -338,6 +338,44 @@ __device__ __forceinline__ void load8(const T* __restrict__ p, float* v, bool ve
   }
 }
 
+// L2 cache policies (createpolicy): lines read once go first, lines read again soon go last.
+__device__ __forceinline__ unsigned long long l2_evict_first() {
+  unsigned long long p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+  return p;
+}
+__device__ __forceinline__ unsigned long long l2_evict_last() {
+  unsigned long long p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+#endif
+  return p;
+}
+// load8 of 16-bit values through L2 policy `pol` (16-byte aligned p).
+template <typename T>
+__device__ __forceinline__ void load8_pol(const T* __restrict__ p, float* v, bool vec, unsigned long long pol) {
+  static_assert(sizeof(T) == 2, "load8_pol: 16-bit values");
+  if (vec) {
+    uint4 u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p), "l"(pol));
+#endif
+    const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const float2 f = to_f32x2(h[e], h[e + 1]);
+      v[e] = f.x;
+      v[e + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = to_f32(p[e]);
+  }
+}
+
 // The unsigned vector type of B bytes (one store of W 16-bit values).
 template <int B> struct uvec;
 template <> struct uvec<16> { typedef uint4 type; };
@@ -379,6 +417,25 @@ __device__ __forceinline__ void load_f32_n(float (&v)[N], const float* p) {
     v[4 * q + 1] = x.y;
     v[4 * q + 2] = x.z;
     v[4 * q + 3] = x.w;
+  }
+}
+
+// store_n of 8 values to 16-bit T through L2 policy `pol`.
+template <typename T>
+__device__ __forceinline__ void store8_pol(T* __restrict__ p, const float* v, bool vec, unsigned long long pol) {
+  static_assert(sizeof(T) == 2, "store8_pol: 16-bit values");
+  if (vec) {
+    uint4 u;
+    T* h = reinterpret_cast<T*>(&u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) h[e] = from_f32<T>(v[e]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w), "l"(pol)
+                 : "memory");
+#endif
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) p[e] = from_f32<T>(v[e]);
   }
 }
 

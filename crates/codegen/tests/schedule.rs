@@ -242,6 +242,43 @@ fn loop_free_row_kernels_keep_tiles_in_registers() {
 }
 
 #[test]
+fn a_row_kernel_feeding_a_later_kernel_keeps_its_output_in_l2() {
+    // rms_norm(X) in one kernel, then rms_norm of that plus Y in a second: the first kernel's
+    // output is a workspace tensor, stored with the L2 policy evict_last, and its graph input,
+    // read once, is loaded with evict_first; the second writes a graph output and keeps the
+    // plain loads and stores.
+    let dt = DType::Float16;
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[8, 4096], dt, None).expect("input");
+    let y = g.new_input(&[8, 4096], dt, None).expect("input");
+    let mut b1 = BlockGraph::new([8, 1, 1], [128, 1, 1], 1, 64).expect("block graph");
+    let tx = b1.new_input(&[8, 4096], dt, [0, -1, -1], -1).expect("input");
+    let n = b1.rms_norm(tx).expect("rms");
+    b1.new_output(n, [0, -1, -1], -1).expect("output");
+    let xn = g.customized(&[x], b1).expect("kernel 1");
+    let mut b2 = BlockGraph::new([8, 1, 1], [128, 1, 1], 1, 64).expect("block graph");
+    let tn = b2.new_input(&[8, 4096], dt, [0, -1, -1], -1).expect("input");
+    let ty = b2.new_input(&[8, 4096], dt, [0, -1, -1], -1).expect("input");
+    let t = b2.binary(BinaryOp::Add, tn, ty).expect("add");
+    let o = b2.rms_norm(t).expect("rms");
+    b2.new_output(o, [0, -1, -1], -1).expect("output");
+    let out = g.customized(&[xn[0], y], b2).expect("kernel 2");
+    g.mark_output(out[0], None).expect("output");
+    let p = generate(&g, &Options::for_arch(90)).expect("generates");
+    let (k1, k2) = (&p.kernels[0].name, &p.kernels[1].name);
+    let body = |k: &str| {
+        let at = p.source.find(&format!(" {k}(")).expect("kernel");
+        let end = p.source[at..].find("\n}\n").map_or(p.source.len(), |i| at + i);
+        p.source[at..end].to_string()
+    };
+    let (s1, s2) = (body(k1), body(k2));
+    assert!(s1.contains("mi::load8_pol(in0 + base") && s1.contains(", mi_once);"), "{s1}");
+    assert!(s1.contains("mi::store8_pol(out0 + base") && s1.contains(", mi_keep);"), "{s1}");
+    assert!(s2.contains("mi::load8(in0 + base") && s2.contains("mi::store_n<8>(out0 + base"), "{s2}");
+    assert!(!s2.contains("_pol("), "{s2}");
+}
+
+#[test]
 fn loop_free_kernels_prefetch_their_inputs_before_the_wait() {
     // Every kernel waits for the previous grid first (dependent launch); a loop-free one first
     // asks L2 for its input tiles, so that their latency overlaps that grid's drain.

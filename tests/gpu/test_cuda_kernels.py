@@ -99,6 +99,8 @@ ZOO = [
     ("attention", [2, 32, 64, 512, 4, 2]),
     ("qknorm_attention", [2, 32, 64, 512, 4, 2]),
     ("attention_online", [2, 32, 64, 512, 4, 2]),
+    # V's tiles normalised in place in the loop (the mma.sync form's padded rows).
+    ("qknorm_attention_online", [2, 32, 64, 512, 4, 2]),
     ("ntrans", [4, 512]),
 ]
 
@@ -123,7 +125,9 @@ WGMMA_ATTENTION = [[2, 64, 64, 512, 4, 2], [2, 64, 64, 2048, 4, 4], [1, 128, 64,
 
 @pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16])
 @pytest.mark.parametrize("params", WGMMA_ATTENTION)
-@pytest.mark.parametrize("name", ["attention_online", "qnorm_attention_online"])
+@pytest.mark.parametrize(
+    "name", ["attention_online", "qnorm_attention_online", "qknorm_attention_online"]
+)
 def test_warpgroup_attention_against_interpreter(name, params, dtype):
     _, ug = _zoo(name, dtype.name, params)
     check(ug, dtype, inputs=_inputs(ug, 7, scale=0.5))
@@ -138,8 +142,9 @@ CLUSTER_ATTENTION = [[2, 64, 64, 2048, 1, 8], [1, 128, 64, 4096, 1, 16], [3, 64,
 
 @pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16])
 @pytest.mark.parametrize("params", CLUSTER_ATTENTION)
-def test_cluster_split_attention_against_interpreter(params, dtype):
-    _, ug = _zoo("attention_online", dtype.name, params)
+@pytest.mark.parametrize("name", ["attention_online", "qknorm_attention_online"])
+def test_cluster_split_attention_against_interpreter(name, params, dtype):
+    _, ug = _zoo(name, dtype.name, params)
     if _cuda.default_arch() >= 90:
         _, summary = _cuda.cuda_source(ug, _cuda.default_arch())
         assert any(k["cluster"] != [1, 1, 1] for k in summary["kernels"]), summary

@@ -1153,6 +1153,94 @@ struct NoOp {
   __device__ __forceinline__ void operator()() const {}
 };
 
+// Two 16-bit values times two others (packed words), rounded to T.
+template <typename T>
+__device__ __forceinline__ unsigned mul_x2(unsigned a, unsigned b) {
+  unsigned d = a;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (same_type<T, f16>::value) {
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  } else {
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  }
+#elif defined(__CUDA_ARCH__)
+  const T* x = reinterpret_cast<const T*>(&a);
+  const T* y = reinterpret_cast<const T*>(&b);
+  T* z = reinterpret_cast<T*>(&d);
+  z[0] = from_f32<T>(to_f32(x[0]) * to_f32(y[0]));
+  z[1] = from_f32<T>(to_f32(x[1]) * to_f32(y[1]));
+#endif
+  return d;
+}
+
+// The rows of a [ROWS][LEN] 16-bit tile normalised in place (x / sqrt(mean(x^2)) per row) on
+// the tensor cores: element (r, c) at tile_at<LD, SW>(r, c). Each warp takes 16 rows at a
+// time as ldmatrix A fragments; their sums of squares are the diagonal of the rows' Gram
+// matrix (two m16n8k16 a 16-column step, the B fragments being the A registers themselves:
+// exact products, fp32 sums), one shuffle brings each row's sum to the lanes holding it, and
+// the fragments are scaled by the 16-bit 1 / rms (one packed multiply a word: within an ulp of
+// the fp32 product) and stored back where they came from. The attention step's normalised V
+// (QK-norm attention): the same pass with fp32 loads, multiplies and stores took GQA b=8's
+// loop 0.7 us an iteration. Every thread must call it; ROWS and LEN multiples of 16.
+template <int NT, int ROWS, int LEN, int LD, bool SW, class T>
+__device__ __forceinline__ void rms_norm_rows_mma(T* t) {
+  static_assert(ROWS % 16 == 0 && LEN % 16 == 0 && LD % 8 == 0 && (!SW || LD == LEN) && sizeof(T) == 2,
+                "rms_norm_rows_mma: 16-row groups of 16-column steps, 16-byte row pitches, 16-bit values");
+  constexpr int NW = NT / 32, KQ = LEN / 16, G = ROWS / 16, GW = (G + NW - 1) / NW;
+  const int lane = lin_tid() & 31, i = lane >> 2, src = 4 * i + (i >> 1), col = (lane >> 4) * 8;
+  const unsigned base = (unsigned)__cvta_generic_to_shared(t);
+  // A warp's groups and column steps are all independent until the shuffles: every load and
+  // mma is issued before the first result is needed.
+  unsigned a[GW][KQ][4];
+  float c0[GW][KQ][4], c1[GW][KQ][4];
+#pragma unroll
+  for (int p = 0; p < GW; ++p) {
+    const int g = (lin_tid() >> 5) + p * NW;
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) {
+      if (G % NW == 0 || g < G) ldsm_x4_at(a[p][kk], base + 2u * (unsigned)tile_at<LD, SW>(g * 16 + (lane & 15), kk * 16 + col));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c0[p][kk][e] = c1[p][kk][e] = 0.0f;
+      const unsigned b0[2] = {a[p][kk][0], a[p][kk][2]}, b1[2] = {a[p][kk][1], a[p][kk][3]};
+      mma_16816<T>(c0[p][kk], a[p][kk], b0);  // rows 0-15 against rows 0-7: (i, i) in lane src
+      mma_16816<T>(c1[p][kk], a[p][kk], b1);  // rows 0-15 against rows 8-15: (8 + i, i) in lane src
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < GW; ++p) {
+    const int g = (lin_tid() >> 5) + p * NW;
+    float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) {
+      d0 += (i & 1) ? c0[p][kk][1] : c0[p][kk][0];
+      d1 += (i & 1) ? c1[p][kk][3] : c1[p][kk][2];
+    }
+    const float s0 = __shfl_sync(0xffffffffu, d0, src), s1 = __shfl_sync(0xffffffffu, d1, src);
+    if (G % NW != 0 && g >= G) continue;
+    const float r0 = rsqrtf(s0 / (float)LEN), r1 = rsqrtf(s1 / (float)LEN);
+    const unsigned m0 = pack_f32x2(r0, r0, (T*)nullptr), m1 = pack_f32x2(r1, r1, (T*)nullptr);
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) {
+      // a[0], a[2]: row i of the group; a[1], a[3]: row 8 + i.
+      unsigned* const f = a[p][kk];
+      f[0] = mul_x2<T>(f[0], m0);
+      f[2] = mul_x2<T>(f[2], m0);
+      f[1] = mul_x2<T>(f[1], m1);
+      f[3] = mul_x2<T>(f[3], m1);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(
+                       base + 2u * (unsigned)tile_at<LD, SW>(g * 16 + (lane & 15), kk * 16 + col)),
+                   "r"(f[0]), "r"(f[1]), "r"(f[2]), "r"(f[3])
+                   : "memory");
+#else
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        *reinterpret_cast<unsigned*>(t + tile_at<LD, SW>(g * 16 + i + 8 * (j & 1), kk * 16 + 8 * (j >> 1) + 2 * (lane & 3))) = f[j];
+#endif
+    }
+  }
+}
+
 // The running softmax state of a warp's RG row groups (rows g and g + 8 of 16 each) and
 // their O accumulators, in the mma accumulator layout (wgmma's per warp is the same).
 // m is the reference max the exponentials use; x, the true running max; l, the row sum

@@ -719,6 +719,20 @@ fn emit_with(
         {
             return Ok(None);
         }
+        // A normalised V is rewritten in place by ldmatrix / stmatrix fragments
+        // (`mi::rms_norm_rows_mma`): 16-row groups of 16 columns, padded rows or rows swizzled
+        // by 16-byte chunks (`mi::tile_at`).
+        if f.v_norm
+            && !layout[f.v].is_some_and(|l| {
+                l.rows % 16 == 0
+                    && l.inner % 16 == 0
+                    && l.ld % 8 == 0
+                    && !l.blocks
+                    && l.swz.is_none_or(|c| c == 8 && l.ld == l.inner)
+            })
+        {
+            return Ok(None);
+        }
         // The wgmma form reads K and V through descriptors: staged, unpadded 128-byte rows
         // swizzled as the hardware's 128-byte pattern (`swz<64, 8>`, 1024-byte aligned).
         // K wider than 64 keys goes in column blocks of 64 (`swzb`). Only the region reads them.
@@ -1507,7 +1521,35 @@ impl Ctx<'_> {
         // Tiles whose copies were issued (outside the pipeline) but not yet waited for.
         let mut pending: Vec<STensorId> = Vec::new();
         let loop_start = steps.iter().position(|(sec, _)| *sec == Section::Loop);
+        // Prologue: the first stages of every staged tile (one cp.async group per stage, empty
+        // past the loop's end, so that waiting for all but the newest `stages - 2` groups
+        // means "this stage").
+        let mut prologue = String::new();
+        for st in 0..n_stages.saturating_sub(1) {
+            if !staged.is_empty() && st < bg.forloop_range {
+                for &(k, op, t) in &staged {
+                    let dst = format!("(t{t}_st + {})", st * self.stage_elems(t));
+                    for l in self.load(k, op, t, Some(&st.to_string()), &dst)?.lines() {
+                        wl!(prologue, "  {l}");
+                    }
+                }
+            }
+            wl!(prologue, "  mi::cp_async_commit();");
+        }
+        // Issued before the pre-loop computation (QK-norm's Q, normalised from device memory)
+        // where none of its tiles shares bytes with the stages, so that the first stage's
+        // copies are in flight meanwhile. (Waits on older copies then wait for these too.)
+        let stage_bytes: Vec<(usize, usize)> = staged.iter().filter_map(|&(_, _, t)| range[t]).collect();
+        let mut early = !staged.is_empty()
+            && steps.iter().zip(step_rw).all(|(&(sec, _), (w, r))| {
+                sec != Section::Pre || !(overlaps(&ranges_of(w), &stage_bytes) || overlaps(&ranges_of(r), &stage_bytes))
+            });
         for (pos, (sec, step)) in steps.iter().enumerate() {
+            if early && *sec == Section::Pre && !matches!(step, Step::Load { .. }) {
+                s.push_str(&prologue);
+                prologue.clear();
+                early = false;
+            }
             if *sec == Section::Loop && !in_loop {
                 for (_, st) in steps {
                     if let Step::MatAcc { op, acc } = *st {
@@ -1562,25 +1604,13 @@ impl Ctx<'_> {
                     }
                     wl!(s, "  fa.init();");
                 }
-                // Prologue: the first stages of every staged tile, then the loop.
-                if !staged.is_empty() {
-                    let w: Vec<(usize, usize)> = staged.iter().filter_map(|&(_, _, t)| range[t]).collect();
-                    if overlaps(&w, &dirty_w) || overlaps(&w, &dirty_r) {
+                // The prologue (unless issued earlier), then the loop.
+                if !staged.is_empty() && !prologue.is_empty() {
+                    if overlaps(&stage_bytes, &dirty_w) || overlaps(&stage_bytes, &dirty_r) {
                         wl!(s, "  __syncthreads();");
                     }
-                    // One cp.async group per stage (empty past the loop's end), so that
-                    // waiting for all but the newest `stages - 2` groups means "this stage".
-                    for st in 0..n_stages - 1 {
-                        if st < bg.forloop_range {
-                            for &(k, op, t) in &staged {
-                                let dst = format!("(t{t}_st + {})", st * self.stage_elems(t));
-                                for l in self.load(k, op, t, Some(&st.to_string()), &dst)?.lines() {
-                                    wl!(s, "  {l}");
-                                }
-                            }
-                        }
-                        wl!(s, "  mi::cp_async_commit();");
-                    }
+                    s.push_str(&prologue);
+                    prologue.clear();
                 }
                 if wg.is_some() {
                     // Two iterations per pass let the compiler rename the S registers the
@@ -1802,6 +1832,22 @@ impl Ctx<'_> {
             Step::Flash => {
                 let Some((f, _)) = &self.flash else { return unsupported("internal error: no attention region") };
                 let (q, k, v) = (self.tile(f.q), self.tile(f.k), self.tile(f.v));
+                if f.v_norm {
+                    // V's rows normalised in place once its stage has landed (the loop's first
+                    // barrier); a proxy fence orders the writes before the wgmma reads.
+                    let Some(l) = self.layout[f.v] else { return unsupported("internal error: V has no layout") };
+                    let ty = self.storage[f.v].map_or("float", |st| st.cty());
+                    wl!(
+                        s,
+                        "mi::rms_norm_rows_mma<NT, {}, {}, {}, {}, {ty}>({v});",
+                        l.rows,
+                        l.inner,
+                        l.ld,
+                        l.swz.is_some()
+                    );
+                    wl!(s, "mi::fence_proxy_async();");
+                    wl!(s, "__syncthreads();");
+                }
                 if f.wg.is_some() {
                     // With three stages or more, the next iteration's K stage (already waited
                     // for; at the last iteration a stale stage whose S is never used); else no

@@ -9,7 +9,7 @@
 //! S = matmul(Q, K)            Q loop-invariant, K and V per-iteration (16-bit tiles)
 //! (M, D) = reduction_max(S)   over S's last dim: running max and its change
 //! P = exp(S - M);  a = exp(D)
-//! O = accum_rescale(matmul(P, V), a)
+//! O = accum_rescale(matmul(P, V), a)   V may be rms_norm(V') of a per-iteration V'
 //! L = accum_rescale(reduction(P), a)   or   accum_rescale[sum](P, a)     (optional)
 //! X = accum_max(M)                                                        (optional)
 //! ```
@@ -29,8 +29,11 @@ pub(crate) struct FlashRegion {
     pub q: STensorId,
     /// Keys tile [1, d, n].
     pub k: STensorId,
-    /// Values tile [1, n, dv].
+    /// Values tile [1, n, dv] (with `v_norm`, the loaded tile before its rows are normalised).
     pub v: STensorId,
+    /// V is `rms_norm` of the loaded tile `v` (QK-norm attention's normalised V): each
+    /// iteration normalises the tile's rows in place before the step reads it.
+    pub v_norm: bool,
     /// Accumulator tiles written after the loop.
     pub o: STensorId,
     /// Row-sum accumulator, if the graph has one.
@@ -205,7 +208,15 @@ pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Optio
         else {
             continue;
         };
-        let (v, pv) = (ops[jpv].inputs[1], ops[jpv].outputs[0]);
+        let (mut v, pv) = (ops[jpv].inputs[1], ops[jpv].outputs[0]);
+        // V = rms_norm(V') of a tile read by nothing else: normalised in place.
+        let v_norm = ops
+            .iter()
+            .position(|o| matches!(o.kind, BlockOpKind::RmsNorm) && o.outputs[0] == v)
+            .filter(|&jn| uses[v][..] == [jpv] && uses[ops[jn].inputs[0]][..] == [jn]);
+        if let Some(jn) = v_norm {
+            v = ops[jn].inputs[0];
+        }
         let [jo] = uses[pv][..] else { continue };
         if !matches!(ops[jo].kind, BlockOpKind::ForloopAccumRescale { acc: Accum::None })
             || ops[jo].inputs != [pv, alpha]
@@ -215,6 +226,7 @@ pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Optio
         let o = ops[jo].outputs[0];
         // L: reduction(P) then a plain rescale, or a summing rescale of P.
         let mut region = vec![js, jr, jsub, jexp, jalpha, jpv, jo];
+        region.extend(v_norm);
         let mut l = None;
         let mut p_users = vec![jpv];
         let mut ok = true;
@@ -277,7 +289,23 @@ pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Optio
         }
         let batch: usize = lead(q).iter().product();
         let one_wave = bg.num_blocks() <= ONE_WAVE_BLOCKS;
-        let f = FlashRegion { ops: region, q, k, v, o, l, x, batch, m, d, n, dv, one_wave, wg: None };
+        let f = FlashRegion {
+            ops: region,
+            q,
+            k,
+            v,
+            v_norm: v_norm.is_some(),
+            o,
+            l,
+            x,
+            batch,
+            m,
+            d,
+            n,
+            dv,
+            one_wave,
+            wg: None,
+        };
         if !(m.is_multiple_of(16) && d.is_multiple_of(16) && n.is_multiple_of(16) && dv.is_multiple_of(16)) {
             continue;
         }

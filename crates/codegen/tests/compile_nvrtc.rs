@@ -86,6 +86,8 @@ fn zoo_graphs(dt: DType) -> Vec<(String, KernelGraph)> {
         zoo::attention_online(Attn { h: 64, splits: 1, frange: 4, ..a }, dt).unwrap(),
         // 64 rows: on sm_90 the wgmma form, with the normalised Q swizzled.
         zoo::qnorm_attention_online(Attn { h: 64, ..a }, dt).unwrap(),
+        // ... and with V's tiles normalised in place in the loop.
+        zoo::qknorm_attention_online(Attn { h: 64, ..a }, dt).unwrap(),
         zoo::ntrans(4, 512, dt).unwrap(),
     ];
     pairs.extend(zoo::paper_workloads(1).unwrap());

@@ -203,6 +203,36 @@ fn a_q_normalised_before_the_loop_is_written_swizzled_for_the_descriptors() {
 }
 
 #[test]
+fn the_first_stage_is_in_flight_while_q_is_normalised_before_the_loop() {
+    // QK-norm's Q is normalised from device memory before the loop, in bytes no stage uses:
+    // the first K / V stage's copies are issued (and committed) before it, not after.
+    let src = kernel_source(&zoo::qnorm_attention_online(attn(), DType::Float16).expect("zoo").ugraph);
+    let norm = src.find("mi::rms_norm_rows_ld<").expect("Q's norm from device memory");
+    let commit = src.find("mi::cp_async_commit();").expect("a copy group");
+    assert!(commit < norm, "{src}");
+    let first_copy = src.find("mi::cp_async16(").expect("a copy");
+    assert!(first_copy < norm, "{src}");
+}
+
+#[test]
+fn a_v_normalised_in_the_loop_is_normalised_in_place_in_its_stage() {
+    // QK-norm attention in one kernel: V's rms norm is part of the attention region. Each
+    // iteration normalises the landed V stage in place (no tile of its own, the wgmma form
+    // and its stages kept), then fences the writes for the async proxy and syncs before the
+    // step reads it.
+    let one = kernel_source(&zoo::qnorm_attention_online(attn(), DType::Float16).expect("zoo").ugraph);
+    let src = kernel_source(&zoo::qknorm_attention_online(attn(), DType::Float16).expect("zoo").ugraph);
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 64, 1, 1, mi::f16, mi::f16, true> fa;"), "{src}");
+    let body = &src[src.find("for (int it = 0;").expect("a for-loop")..];
+    let norm = body.find("mi::rms_norm_rows_mma<NT, 64, 64, 64, true, mi::f16>(").expect("V's in-place norm");
+    let step = body.find("fa.step").expect("the step");
+    let between = &body[norm..step];
+    assert!(between.contains("mi::fence_proxy_async();") && between.contains("__syncthreads();"), "{body}");
+    let tiles = |s: &str| s.lines().filter(|l| l.contains("= reinterpret_cast<")).count();
+    assert_eq!(tiles(&src), tiles(&one), "{src}");
+}
+
+#[test]
 fn wide_key_tiles_go_in_swizzled_column_blocks() {
     // 256 keys per iteration: K [64, 256] is stored as 4 column blocks of [64, 64] (`swzb`),
     // V [256, 64] keeps its 128-byte rows; the warpgroups take the keys in blocks of 64.

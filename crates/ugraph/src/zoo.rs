@@ -197,20 +197,28 @@ fn flash_kernel1(a: Attn, dt: DType) -> Result<(KernelGraph, Vec<TensorId>, Bloc
 /// max with `reduction_max` and rescales its accumulators; kernel 2 merges the splits by their
 /// maxima the same way.
 pub fn attention_online(a: Attn, dt: DType) -> Result<Pair> {
-    online(a, false, dt)
+    online(a, false, false, dt)
 }
 
 /// [`attention_online`] of `rms_norm(Q)` over d, normalised in kernel 1 before its loop
 /// (QK-norm's attention once V is normalised by a kernel of its own).
 pub fn qnorm_attention_online(a: Attn, dt: DType) -> Result<Pair> {
-    online(a, true, dt)
+    online(a, true, false, dt)
 }
 
-fn online(a: Attn, qnorm: bool, dt: DType) -> Result<Pair> {
+/// QK-norm attention in one µGraph (`rms_norm` over d of Q and of V) as
+/// [`qnorm_attention_online`], with each iteration's V tile normalised in kernel 1's loop
+/// before `P V`.
+pub fn qknorm_attention_online(a: Attn, dt: DType) -> Result<Pair> {
+    online(a, true, true, dt)
+}
+
+fn online(a: Attn, qnorm: bool, vnorm: bool, dt: DType) -> Result<Pair> {
     let Attn { b, h, d, splits, qsplit, .. } = a;
-    let reference = attention_reference(a, qnorm, false, dt)?;
+    let reference = attention_reference(a, qnorm, vnorm, dt)?;
     let (mut g, v, mut k1, [tq, tk, tv]) = flash_kernel1(a, dt)?;
     let tq = if qnorm { k1.rms_norm(tq)? } else { tq };
+    let tv = if vnorm { k1.rms_norm(tv)? } else { tv };
     let a = k1.matmul(tq, tk)?;
     let (mx, diff) = k1.reduction_max(a, 2)?;
     let shifted = k1.binary(BinaryOp::Sub, a, mx)?;
@@ -242,7 +250,11 @@ fn online(a: Attn, qnorm: bool, dt: DType) -> Result<Pair> {
     k2.new_output(out, [0, 1, -1], -1)?;
     let o = g.customized(&part, k2)?;
     g.mark_output(o[0], None)?;
-    let name = if qnorm { "qnorm_attention_online" } else { "attention_online" };
+    let name = match (qnorm, vnorm) {
+        (true, true) => "qknorm_attention_online",
+        (true, false) => "qnorm_attention_online",
+        _ => "attention_online",
+    };
     Ok(Pair { name: name.into(), reference, ugraph: g })
 }
 

@@ -54,6 +54,11 @@ fn attention_online_softmax() {
 }
 
 #[test]
+fn qknorm_attention_online_softmax() {
+    check(zoo::qknorm_attention_online(SMALL_ATTN, F).unwrap());
+}
+
+#[test]
 fn ntrans_one_kernel() {
     check(zoo::ntrans(3, 64, F).unwrap());
 }

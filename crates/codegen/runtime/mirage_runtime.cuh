@@ -314,20 +314,25 @@ __device__ __forceinline__ void share_reduce(float init, Map map, Comb comb, Don
   }
 }
 
+// Eight 16-bit values (one 16-byte word) as floats.
+template <class T>
+__device__ __forceinline__ void unpack8(const uint4& u, float* v) {
+  const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int e = 0; e < 8; e += 2) {
+    const float2 f = to_f32x2(h[e], h[e + 1]);
+    v[e] = f.x;
+    v[e + 1] = f.y;
+  }
+}
+
 // Eight consecutive values of a device tensor as floats: one 16-byte load (two for fp32) when
 // `vec` (p 16-byte aligned), element loads otherwise.
 template <class T>
 __device__ __forceinline__ void load8(const T* __restrict__ p, float* v, bool vec) {
   if (vec) {
     if constexpr (sizeof(T) == 2) {
-      const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
-      const T* h = reinterpret_cast<const T*>(&u);
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const float2 f = to_f32x2(h[e], h[e + 1]);
-        v[e] = f.x;
-        v[e + 1] = f.y;
-      }
+      unpack8<T>(__ldg(reinterpret_cast<const uint4*>(p)), v);
     } else {
       const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
       v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -347,11 +352,13 @@ __device__ __forceinline__ unsigned long long l2_evict_first() {
   return p;
 }
 __device__ __forceinline__ unsigned long long l2_evict_last() {
-  unsigned long long p = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned long long p;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-#endif
   return p;
+#else
+  return 0;
+#endif
 }
 // load8 of 16-bit values through L2 policy `pol` (16-byte aligned p).
 template <typename T>
@@ -363,13 +370,7 @@ __device__ __forceinline__ void load8_pol(const T* __restrict__ p, float* v, boo
     asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                  : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p), "l"(pol));
 #endif
-    const T* h = reinterpret_cast<const T*>(&u);
-#pragma unroll
-    for (int e = 0; e < 8; e += 2) {
-      const float2 f = to_f32x2(h[e], h[e + 1]);
-      v[e] = f.x;
-      v[e + 1] = f.y;
-    }
+    unpack8<T>(u, v);
   } else {
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = to_f32(p[e]);

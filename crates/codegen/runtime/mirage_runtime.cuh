@@ -1151,7 +1151,8 @@ __device__ __forceinline__ void flash_load_q(unsigned (&q)[KQ][4], const TQ* Q, 
 
 // A callable that does nothing (default hooks).
 struct NoOp {
-  __device__ __forceinline__ void operator()() const {}
+  template <class... A>
+  __device__ __forceinline__ void operator()(A...) const {}
 };
 
 // Two 16-bit values times two others (packed words), rounded to T.
@@ -1174,55 +1175,55 @@ __device__ __forceinline__ unsigned mul_x2(unsigned a, unsigned b) {
   return d;
 }
 
-// The rows of a [ROWS][LEN] 16-bit tile normalised in place (x / sqrt(mean(x^2)) per row) on
-// the tensor cores: element (r, c) at tile_at<LD, SW>(r, c). Each warp takes 16 rows at a
-// time as ldmatrix A fragments; their sums of squares are the diagonal of the rows' Gram
-// matrix (two m16n8k16 a 16-column step, the B fragments being the A registers themselves:
-// exact products, fp32 sums), one shuffle brings each row's sum to the lanes holding it, and
-// the fragments are scaled by the 16-bit 1 / rms (one packed multiply a word: within an ulp of
-// the fp32 product) and stored back where they came from. The attention step's normalised V
-// (QK-norm attention): the same pass with fp32 loads, multiplies and stores took GQA b=8's
-// loop 0.7 us an iteration. Every thread must call it; ROWS and LEN multiples of 16.
-template <int NT, int ROWS, int LEN, int LD, bool SW, class T>
-__device__ __forceinline__ void rms_norm_rows_mma(T* t) {
+// The rows of a [ROWS][LEN] 16-bit tile normalised in place (x / sqrt(mean(x^2)) per row):
+// element (r, c) at tile_at<LD, SW>(r, c). Each warp takes 16 rows at a time as ldmatrix
+// fragments (a thread holds 16 values of row i and of row 8 + i of the group, a quad a row),
+// sums their squares in fp32 (FFMA, then two quad shuffles), scales the fragments by the
+// 16-bit 1 / rms (one packed multiply a word: within an ulp of the fp32 product) and stores
+// them back where they came from with stmatrix. The attention step's normalised V (QK-norm
+// attention). With PARTS > 1, only part `part` of each warp's groups: a pass split over calls.
+// Every thread must call it; ROWS and LEN multiples of 16.
+template <int NT, int ROWS, int LEN, int LD, bool SW, class T, int PARTS = 1>
+__device__ __forceinline__ void rms_norm_rows_frag(T* t, int part = 0) {
   static_assert(ROWS % 16 == 0 && LEN % 16 == 0 && LD % 8 == 0 && (!SW || LD == LEN) && sizeof(T) == 2,
-                "rms_norm_rows_mma: 16-row groups of 16-column steps, 16-byte row pitches, 16-bit values");
+                "rms_norm_rows_frag: 16-row groups of 16-column steps, 16-byte row pitches, 16-bit values");
   constexpr int NW = NT / 32, KQ = LEN / 16, G = ROWS / 16, GW = (G + NW - 1) / NW;
-  const int lane = lin_tid() & 31, i = lane >> 2, src = 4 * i + (i >> 1), col = (lane >> 4) * 8;
+  const int lane = lin_tid() & 31, i = lane >> 2, col = (lane >> 4) * 8;
+  (void)i;
   const unsigned base = (unsigned)__cvta_generic_to_shared(t);
-  // A warp's groups and column steps are all independent until the shuffles: every load and
-  // mma is issued before the first result is needed.
+  // A warp's groups and column steps are independent until the shuffles: every load is issued
+  // before the first sum needs it.
   unsigned a[GW][KQ][4];
-  float c0[GW][KQ][4], c1[GW][KQ][4];
 #pragma unroll
   for (int p = 0; p < GW; ++p) {
     const int g = (lin_tid() >> 5) + p * NW;
+    if ((PARTS > 1 && p * PARTS / GW != part) || (G % NW != 0 && g >= G)) continue;
 #pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) {
-      if (G % NW == 0 || g < G) ldsm_x4_at(a[p][kk], base + 2u * (unsigned)tile_at<LD, SW>(g * 16 + (lane & 15), kk * 16 + col));
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c0[p][kk][e] = c1[p][kk][e] = 0.0f;
-      const unsigned b0[2] = {a[p][kk][0], a[p][kk][2]}, b1[2] = {a[p][kk][1], a[p][kk][3]};
-      mma_16816<T>(c0[p][kk], a[p][kk], b0);  // rows 0-15 against rows 0-7: (i, i) in lane src
-      mma_16816<T>(c1[p][kk], a[p][kk], b1);  // rows 0-15 against rows 8-15: (8 + i, i) in lane src
-    }
+    for (int kk = 0; kk < KQ; ++kk) ldsm_x4_at(a[p][kk], base + 2u * (unsigned)tile_at<LD, SW>(g * 16 + (lane & 15), kk * 16 + col));
   }
 #pragma unroll
   for (int p = 0; p < GW; ++p) {
     const int g = (lin_tid() >> 5) + p * NW;
+    if ((PARTS > 1 && p * PARTS / GW != part) || (G % NW != 0 && g >= G)) continue;
+    // a[0], a[2]: row i of the group; a[1], a[3]: row 8 + i.
     float d0 = 0.0f, d1 = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KQ; ++kk) {
-      d0 += (i & 1) ? c0[p][kk][1] : c0[p][kk][0];
-      d1 += (i & 1) ? c1[p][kk][3] : c1[p][kk][2];
+      const T* h = reinterpret_cast<const T*>(a[p][kk]);
+      float x[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = to_f32(h[e]);
+      d0 = fmaf(x[0], x[0], fmaf(x[1], x[1], fmaf(x[4], x[4], fmaf(x[5], x[5], d0))));
+      d1 = fmaf(x[2], x[2], fmaf(x[3], x[3], fmaf(x[6], x[6], fmaf(x[7], x[7], d1))));
     }
-    const float s0 = __shfl_sync(0xffffffffu, d0, src), s1 = __shfl_sync(0xffffffffu, d1, src);
-    if (G % NW != 0 && g >= G) continue;
-    const float r0 = rsqrtf(s0 / (float)LEN), r1 = rsqrtf(s1 / (float)LEN);
+    d0 += __shfl_xor_sync(0xffffffffu, d0, 1);
+    d1 += __shfl_xor_sync(0xffffffffu, d1, 1);
+    d0 += __shfl_xor_sync(0xffffffffu, d0, 2);
+    d1 += __shfl_xor_sync(0xffffffffu, d1, 2);
+    const float r0 = rsqrtf(d0 / (float)LEN), r1 = rsqrtf(d1 / (float)LEN);
     const unsigned m0 = pack_f32x2(r0, r0, (T*)nullptr), m1 = pack_f32x2(r1, r1, (T*)nullptr);
 #pragma unroll
     for (int kk = 0; kk < KQ; ++kk) {
-      // a[0], a[2]: row i of the group; a[1], a[3]: row 8 + i.
       unsigned* const f = a[p][kk];
       f[0] = mul_x2<T>(f[0], m0);
       f[2] = mul_x2<T>(f[2], m0);
@@ -1861,8 +1862,10 @@ struct FlashWG {
   // used, and issuing it anyway keeps every wgmma group unconditional: GQA b=8 in the H100
   // bench 27.0 -> 24.2 µs against a run-time `Kn != nullptr` test). `first` (every step
   // without AHEAD) computes the first block's S here.
-  template <bool AHEAD>
-  __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, const T* Kn, bool first) {
+  // `between(j)` runs after block j's P V is issued, beside it (the tensor cores busy): work
+  // of the loop's own for the next iteration (QK-norm's next V stage, normalised a part a block).
+  template <bool AHEAD, class F = NoOp>
+  __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, const T* Kn, bool first, F between = F()) {
     if (first) {
       qp = Q + bt * M * LDQ;
       qa = (unsigned)__cvta_generic_to_shared(qp + (row0 + (lane & 15)) * LDQ + (lane >> 4) * 8);
@@ -1898,6 +1901,7 @@ struct FlashWG {
 #pragma unroll
         for (int kk = 0; kk < NFC / 2; ++kk) wgmma_m64n64k16<T>(st.o[r], pa[r][kk], wg_desc_sw128(vd + kk * 128), 1);
       wg_commit();
+      between(j);
       // With QSS, a block followed by another of this step retires only the next S (committed
       // before this P V), so P V runs on beside the next softmax. (With Q's fragments loaded
       // into registers for S, ptxas serialises every wgmma instead.) The step's last block

@@ -720,7 +720,7 @@ fn emit_with(
             return Ok(None);
         }
         // A normalised V is rewritten in place by ldmatrix / stmatrix fragments
-        // (`mi::rms_norm_rows_mma`): 16-row groups of 16 columns, padded rows or rows swizzled
+        // (`mi::rms_norm_rows_frag`): 16-row groups of 16 columns, padded rows or rows swizzled
         // by 16-byte chunks (`mi::tile_at`).
         if f.v_norm
             && !layout[f.v].is_some_and(|l| {
@@ -893,9 +893,16 @@ fn emit_with(
     // MAX_PIPELINE_STAGES stages of the loop's input tiles, within the budget.
     let any_staged = layout.iter().any(|l| l.is_some_and(|l| l.staged));
     let mut stages = if any_staged { MAX_PIPELINE_STAGES.min(bg.forloop_range).max(1) } else { 1 };
+    // A warpgroup attention normalising its V stages takes up to the whole shared memory: with
+    // three stages or more each iteration normalises the next stage beside its own matmuls
+    // (`Step::Flash`) instead of its own stage before them.
+    let budget = match &fr {
+        Some(f) if f.v_norm && f.wg.is_some() => SM90_SMEM_BYTES,
+        _ => bg.pipeline_budget(),
+    };
     let (buffers, buf_of, smem_bytes, first_scratch) = loop {
         let (b, o, total, first) = plan(stages);
-        if stages == 1 || total <= bg.pipeline_budget() {
+        if stages == 1 || total <= budget {
             break (b, o, total, first);
         }
         stages -= 1;
@@ -1832,21 +1839,40 @@ impl Ctx<'_> {
             Step::Flash => {
                 let Some((f, _)) = &self.flash else { return unsupported("internal error: no attention region") };
                 let (q, k, v) = (self.tile(f.q), self.tile(f.k), self.tile(f.v));
+                // With V normalised (`mi::rms_norm_rows_frag`, in place): with the lookahead
+                // (its next stage landed too) each iteration normalises the next stage a part
+                // after each block's P V, and the first iteration its own stage first;
+                // otherwise each iteration its own stage before the step. The loop's first
+                // barrier, after a proxy fence, publishes the writes to the wgmma reads.
+                let mut between = String::new();
                 if f.v_norm {
-                    // V's rows normalised in place once its stage has landed (the loop's first
-                    // barrier); a proxy fence orders the writes before the wgmma reads.
                     let Some(l) = self.layout[f.v] else { return unsupported("internal error: V has no layout") };
                     let ty = self.storage[f.v].map_or("float", |st| st.cty());
-                    wl!(
-                        s,
-                        "mi::rms_norm_rows_mma<NT, {}, {}, {}, {}, {ty}>({v});",
+                    let norm = format!(
+                        "mi::rms_norm_rows_frag<NT, {}, {}, {}, {}, {ty}",
                         l.rows,
                         l.inner,
                         l.ld,
                         l.swz.is_some()
                     );
-                    wl!(s, "mi::fence_proxy_async();");
-                    wl!(s, "__syncthreads();");
+                    let lookahead = self.wg_lookahead();
+                    if lookahead {
+                        let nk = f.n / f.wg.map_or(1, |(_, ks)| ks);
+                        let parts = nk / nk.min(64);
+                        let (st, elems) = (self.stages, self.stage_elems(f.v));
+                        between = format!(
+                            ", [&](int j) {{ if (it + 1 < {}) {norm}, {parts}>({v}_st + ((it + 1) % {st}) * {elems}, j); }}",
+                            bg.forloop_range
+                        );
+                        wl!(s, "if (it == 0) {{");
+                    }
+                    let pad = if lookahead { "  " } else { "" };
+                    wl!(s, "{pad}{norm}>({v});");
+                    wl!(s, "{pad}mi::fence_proxy_async();");
+                    wl!(s, "{pad}__syncthreads();");
+                    if lookahead {
+                        wl!(s, "}}");
+                    }
                 }
                 if f.wg.is_some() {
                     // With three stages or more, the next iteration's K stage (already waited
@@ -1854,7 +1880,7 @@ impl Ctx<'_> {
                     // lookahead across iterations (each step starts its own S).
                     let (st, elems) = (self.stages, self.stage_elems(f.k));
                     if self.wg_lookahead() {
-                        wl!(s, "fa.step<true>({q}, {k}, {v}, {k}_st + ((it + 1) % {st}) * {elems}, it == 0);");
+                        wl!(s, "fa.step<true>({q}, {k}, {v}, {k}_st + ((it + 1) % {st}) * {elems}, it == 0{between});");
                     } else {
                         wl!(s, "fa.step<false>({q}, {k}, {v}, nullptr, true);");
                     }

@@ -224,12 +224,33 @@ fn a_v_normalised_in_the_loop_is_normalised_in_place_in_its_stage() {
     let src = kernel_source(&zoo::qknorm_attention_online(attn(), DType::Float16).expect("zoo").ugraph);
     assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 64, 1, 1, mi::f16, mi::f16, true> fa;"), "{src}");
     let body = &src[src.find("for (int it = 0;").expect("a for-loop")..];
-    let norm = body.find("mi::rms_norm_rows_mma<NT, 64, 64, 64, true, mi::f16>(").expect("V's in-place norm");
+    let norm = body.find("mi::rms_norm_rows_frag<NT, 64, 64, 64, true, mi::f16>(").expect("V's in-place norm");
     let step = body.find("fa.step").expect("the step");
     let between = &body[norm..step];
     assert!(between.contains("mi::fence_proxy_async();") && between.contains("__syncthreads();"), "{body}");
     let tiles = |s: &str| s.lines().filter(|l| l.contains("= reinterpret_cast<")).count();
     assert_eq!(tiles(&src), tiles(&one), "{src}");
+}
+
+#[test]
+fn with_the_lookahead_each_iteration_normalises_the_next_v_stage_beside_its_matmuls() {
+    // 128 keys an iteration: the stages fit four deep, the step reads the next K a step
+    // ahead, and the next V stage (landed too) is normalised a part after each block's P V
+    // (two blocks of 64 keys, two parts); only the first iteration normalises its own stage
+    // before its step.
+    let a = Attn { s: 2048, ..attn() };
+    let src = kernel_source(&zoo::qknorm_attention_online(a, DType::Float16).expect("zoo").ugraph);
+    let body = &src[src.find("for (int it = 0;").expect("a for-loop")..];
+    let first = body.find("if (it == 0) {").expect("the first stage's norm");
+    let own = body.find("mi::rms_norm_rows_frag<NT, 128, 64, 64, true, mi::f16>(t").expect("its own stage");
+    let step = body.find("fa.step<true>(").expect("the lookahead step");
+    assert!(first < own && own < step, "{body}");
+    let next = &body[step..];
+    assert!(
+        next.contains("[&](int j) { if (it + 1 < 4) mi::rms_norm_rows_frag<NT, 128, 64, 64, true, mi::f16, 2>("),
+        "{next}"
+    );
+    assert!(next.contains("_st + ((it + 1) % 4) * 8192, j); });"), "{next}");
 }
 
 #[test]

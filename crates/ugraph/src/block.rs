@@ -239,8 +239,9 @@ impl BlockGraph {
     /// Pipeline stages the code generator gives the per-iteration input tiles: up to
     /// [`MAX_PIPELINE_STAGES`] (never more than the loop's range) while the block's shared
     /// memory stays within [`BlockGraph::pipeline_budget`]. `staged` and `other` are the bytes of one
-    /// stage of those tiles and of everything else. The one rule both the generator and the
-    /// cost model follow.
+    /// stage of those tiles and of everything else. The rule both the generator and the cost
+    /// model follow, but for one form: a warpgroup attention that normalises its V stages may
+    /// take stages up to the whole shared memory (the generator's `Step::Flash`).
     pub fn pipeline_stages(&self, staged: usize, other: usize) -> usize {
         if staged == 0 {
             return 1;

@@ -343,22 +343,19 @@ __device__ __forceinline__ void load8(const T* __restrict__ p, float* v, bool ve
   }
 }
 
-// L2 cache policies (createpolicy): lines read once go first, lines read again soon go last.
-__device__ __forceinline__ unsigned long long l2_evict_first() {
+// An L2 cache policy (createpolicy): lines read once go first (LAST false), lines read again
+// soon go last (LAST true).
+template <bool LAST>
+__device__ __forceinline__ unsigned long long l2_policy() {
   unsigned long long p = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  if constexpr (LAST) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  }
 #endif
   return p;
-}
-__device__ __forceinline__ unsigned long long l2_evict_last() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  unsigned long long p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  return p;
-#else
-  return 0;
-#endif
 }
 // load8 of 16-bit values through L2 policy `pol` (16-byte aligned p).
 template <typename T>
@@ -1188,8 +1185,7 @@ __device__ __forceinline__ void rms_norm_rows_frag(T* t, int part = 0) {
   static_assert(ROWS % 16 == 0 && LEN % 16 == 0 && LD % 8 == 0 && (!SW || LD == LEN) && sizeof(T) == 2,
                 "rms_norm_rows_frag: 16-row groups of 16-column steps, 16-byte row pitches, 16-bit values");
   constexpr int NW = NT / 32, KQ = LEN / 16, G = ROWS / 16, GW = (G + NW - 1) / NW;
-  const int lane = lin_tid() & 31, i = lane >> 2, col = (lane >> 4) * 8;
-  (void)i;
+  const int lane = lin_tid() & 31, col = (lane >> 4) * 8;
   const unsigned base = (unsigned)__cvta_generic_to_shared(t);
   // A warp's groups and column steps are independent until the shuffles: every load is issued
   // before the first sum needs it.
@@ -1235,6 +1231,7 @@ __device__ __forceinline__ void rms_norm_rows_frag(T* t, int part = 0) {
                    "r"(f[0]), "r"(f[1]), "r"(f[2]), "r"(f[3])
                    : "memory");
 #else
+      const int i = lane >> 2;
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         *reinterpret_cast<unsigned*>(t + tile_at<LD, SW>(g * 16 + i + 8 * (j & 1), kk * 16 + 8 * (j >> 1) + 2 * (lane & 3))) = f[j];

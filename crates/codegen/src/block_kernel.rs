@@ -1612,7 +1612,7 @@ impl Ctx<'_> {
                     wl!(s, "  fa.init();");
                 }
                 // The prologue (unless issued earlier), then the loop.
-                if !staged.is_empty() && !prologue.is_empty() {
+                if !prologue.is_empty() {
                     if overlaps(&stage_bytes, &dirty_w) || overlaps(&stage_bytes, &dirty_r) {
                         wl!(s, "  __syncthreads();");
                     }
@@ -1857,11 +1857,10 @@ impl Ctx<'_> {
                     );
                     let lookahead = self.wg_lookahead();
                     if lookahead {
-                        let nk = f.n / f.wg.map_or(1, |(_, ks)| ks);
-                        let parts = nk / nk.min(64);
+                        // One part per block of the step (`between(j)`, j < the step's NB).
                         let (st, elems) = (self.stages, self.stage_elems(f.v));
                         between = format!(
-                            ", [&](int j) {{ if (it + 1 < {}) {norm}, {parts}>({v}_st + ((it + 1) % {st}) * {elems}, j); }}",
+                            ", [&](int j) {{ if (it + 1 < {}) {norm}, decltype(fa)::NB>({v}_st + ((it + 1) % {st}) * {elems}, j); }}",
                             bg.forloop_range
                         );
                         wl!(s, "if (it == 0) {{");

@@ -101,7 +101,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     let staging = outs.iter().any(l2_keep);
     let l2_once = |d: &DevBuffer| staging && matches!(d.location, BufferRef::Input(_)) && d.storage.size_bytes() == 2;
     if staging {
-        wl!(s, "  const unsigned long long mi_once = mi::l2_evict_first(), mi_keep = mi::l2_evict_last();");
+        wl!(s, "  const unsigned long long mi_once = mi::l2_policy<false>(), mi_keep = mi::l2_policy<true>();");
         wl!(s, "  (void)mi_once;");
     }
     if norms > 0 {

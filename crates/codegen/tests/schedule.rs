@@ -247,9 +247,13 @@ fn with_the_lookahead_each_iteration_normalises_the_next_v_stage_beside_its_matm
     assert!(first < own && own < step, "{body}");
     let next = &body[step..];
     assert!(
-        next.contains("[&](int j) { if (it + 1 < 4) mi::rms_norm_rows_frag<NT, 128, 64, 64, true, mi::f16, 2>("),
+        next.contains(
+            "[&](int j) { if (it + 1 < 4) mi::rms_norm_rows_frag<NT, 128, 64, 64, true, mi::f16, decltype(fa)::NB>("
+        ),
         "{next}"
     );
+    // The step's blocks, so the parts: 128 keys of one slice in blocks of 64, NB = 2.
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 128, 64, 1, 1, mi::f16, mi::f16, true> fa;"), "{src}");
     assert!(next.contains("_st + ((it + 1) % 4) * 8192, j); });"), "{next}");
 }
 

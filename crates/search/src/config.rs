@@ -86,6 +86,7 @@ pub struct SearchConfig {
     /// Blocks per grid axis that generated grids use (an index of one of these sizes may be
     /// split fully, one block per value). Besides powers of two, 96 and 192: an index of
     /// 3 * 2^k (768, 3072, 6144 columns) then gets a grid of about one wave of an H100's 132 SMs.
+    /// Two: QK-norm attention's 256 query rows in two blocks of two warpgroups each.
     pub grid_sizes: Vec<usize>,
     /// An index of at most this size may also be split fully (one block per index value),
     /// whether or not its size is in `grid_sizes`.
@@ -94,7 +95,8 @@ pub struct SearchConfig {
     pub max_grid_axes: usize,
     /// Most thread blocks in a grid.
     pub max_blocks: usize,
-    /// Shared-memory limit per block, bytes (checked on `BlockGraph::shared_memory_upper_bound`).
+    /// Shared-memory limit per block, bytes: on the tiles live at once
+    /// (`BlockGraph::shared_memory_peak`; pruned during generation on a partial graph's peak).
     pub shared_memory_limit: usize,
     /// Prune by abstract expressions (off only for the ablation: the search then explores every
     /// well-shaped graph and checks terms only on complete ones).
@@ -138,7 +140,7 @@ impl Default for SearchConfig {
             omaps: None,
             fmaps: None,
             franges: None,
-            grid_sizes: vec![4, 8, 16, 32, 64, 96, 128, 192, 256],
+            grid_sizes: vec![2, 4, 8, 16, 32, 64, 96, 128, 192, 256],
             max_full_split: 64,
             max_grid_axes: 3,
             max_blocks: 4096,

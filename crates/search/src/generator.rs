@@ -26,6 +26,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering::Relaxed;
 
 use egg::Id;
+use mirage_ugraph::smem::{self, TileLife};
 use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, DType, Phase, UnaryOp};
 use rayon::prelude::*;
 
@@ -561,7 +562,11 @@ impl<'a> Dfs<'a> {
             }
         };
         let size = node.shape.numel() * self.bytes;
-        if st.smem + size > self.env.cfg.shared_memory_limit {
+        // The sum of every tile bounds the tiles live at once from above; only past the limit
+        // is the latter computed (on this partial graph: a lower bound of any completion's).
+        if st.smem + size > self.env.cfg.shared_memory_limit
+            && self.live_peak(st, step, &node) > self.env.cfg.shared_memory_limit
+        {
             self.local.pruned_limits += 1;
             return;
         }
@@ -584,6 +589,31 @@ impl<'a> Dfs<'a> {
         if step.b != step.a {
             st.nodes[step.b as usize].uses -= 1;
         }
+    }
+
+    /// Bytes of the tiles of `st` and `node`, made by `step`, live at once in any completion
+    /// at the least ([`smem::peak_bytes`] of a partial graph).
+    fn live_peak(&self, st: &State, step: Step, node: &Node) -> usize {
+        let steps = st.steps.iter().copied().chain([step]);
+        let made = st.nodes.iter().chain([node]);
+        let mut lives: Vec<TileLife> = made
+            .map(|n| TileLife {
+                bytes: n.shape.numel() * self.bytes,
+                phase: n.phase,
+                input: n.input,
+                accumulator: false,
+                readers: Vec::new(),
+            })
+            .collect();
+        for (i, s) in steps.enumerate() {
+            let me = st.n_inputs + i;
+            lives[me].accumulator = matches!(s.code, Code::Accum(_));
+            lives[s.a as usize].readers.push(me);
+            if s.b != s.a {
+                lives[s.b as usize].readers.push(me);
+            }
+        }
+        smem::peak_bytes(&lives, false)
     }
 
     /// The tile `step` produces, or why it is rejected.
@@ -839,7 +869,8 @@ impl<'a> Dfs<'a> {
         for (t, omap, _) in outs {
             bg.new_output(*t, *omap, -1).ok()?;
         }
-        (bg.shared_memory_upper_bound() <= self.env.cfg.shared_memory_limit).then_some(bg)
+        let limit = self.env.cfg.shared_memory_limit;
+        (bg.shared_memory_upper_bound() <= limit || bg.shared_memory_peak() <= limit).then_some(bg)
     }
 
     /// A deterministic key of the solution (configuration, ops, outputs).

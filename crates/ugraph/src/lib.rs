@@ -30,6 +30,7 @@ pub mod json;
 pub mod kernel;
 pub mod ops;
 pub mod scalar;
+pub mod smem;
 pub mod tensor;
 pub mod thread;
 pub mod types;

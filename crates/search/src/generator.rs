@@ -602,6 +602,7 @@ impl<'a> Dfs<'a> {
                 phase: n.phase,
                 input: n.input,
                 accumulator: false,
+                output: false,
                 readers: Vec::new(),
             })
             .collect();
@@ -613,7 +614,7 @@ impl<'a> Dfs<'a> {
                 lives[s.b as usize].readers.push(me);
             }
         }
-        smem::peak_bytes(&lives, false)
+        smem::peak_bytes(&lives)
     }
 
     /// The tile `step` produces, or why it is rejected.

@@ -11,14 +11,18 @@
 //! ```
 //! use mirage_ugraph::smem::{peak_bytes, TileLife};
 //! use mirage_ugraph::Phase;
-//! // An input tile of 4 KiB, a loop tile of 8 KiB read by the next op (2 KiB), then freed.
-//! let tiles = [
-//!     TileLife { bytes: 4096, phase: Phase::Loop, input: true, accumulator: false, readers: vec![1] },
-//!     TileLife { bytes: 8192, phase: Phase::Loop, input: false, accumulator: false, readers: vec![2] },
-//!     TileLife { bytes: 2048, phase: Phase::Loop, input: false, accumulator: false, readers: vec![3] },
-//!     TileLife { bytes: 1024, phase: Phase::Loop, input: false, accumulator: false, readers: vec![] },
-//! ];
-//! assert_eq!(peak_bytes(&tiles, true), 4096 + 8192 + 2048);
+//! // An input tile of 4 KiB, a loop tile of 8 KiB read by the next op (2 KiB), then freed;
+//! // the last, an output, lives to the end.
+//! let tile = |bytes, input, readers: &[usize]| TileLife {
+//!     bytes,
+//!     phase: Phase::Loop,
+//!     input,
+//!     accumulator: false,
+//!     output: readers.is_empty(),
+//!     readers: readers.to_vec(),
+//! };
+//! let tiles = [tile(4096, true, &[1]), tile(8192, false, &[2]), tile(2048, false, &[3]), tile(1024, false, &[])];
+//! assert_eq!(peak_bytes(&tiles), 4096 + 8192 + 2048);
 //! ```
 
 use crate::block::{BlockGraph, BlockOpKind, Phase};
@@ -35,6 +39,8 @@ pub struct TileLife {
     pub input: bool,
     /// Made by a for-loop accumulator (live from the loop's start).
     pub accumulator: bool,
+    /// Saved to device memory by the kernel (live to the end).
+    pub output: bool,
     /// Indices of the tiles whose ops read it.
     pub readers: Vec<usize>,
 }
@@ -53,10 +59,10 @@ fn at(t: &TileLife, i: usize) -> (u8, usize) {
 
 /// Largest sum of bytes of the tiles live at once. A tile lives from its op to its last
 /// reader's; one read in the loop but made before it, until the loop ends; an accumulator,
-/// from the loop's start. A tile no op reads lives to the end when `complete` (an output),
-/// else only at its own op (a partial graph: this stays a lower bound of what any completion
-/// needs, so a search may prune on it).
-pub fn peak_bytes(tiles: &[TileLife], complete: bool) -> usize {
+/// from the loop's start; an input or an output, to the end. A tile no op reads (yet) lives
+/// only at its own op: of a partial graph, this stays a lower bound of what any completion
+/// needs, so a search may prune on it.
+pub fn peak_bytes(tiles: &[TileLife]) -> usize {
     const END: (u8, usize) = (3, 0);
     let spans: Vec<((u8, usize), (u8, usize))> = tiles
         .iter()
@@ -70,7 +76,7 @@ pub fn peak_bytes(tiles: &[TileLife], complete: bool) -> usize {
             } else {
                 me
             };
-            let mut to = if t.input || (complete && t.readers.is_empty()) { END } else { me };
+            let mut to = if t.input || t.output { END } else { me };
             for &r in &t.readers {
                 let r_at = at(&tiles[r], r);
                 to = to.max(if r_at.0 == 1 && me.0 == 0 { (1, usize::MAX) } else { r_at });
@@ -86,8 +92,7 @@ pub fn peak_bytes(tiles: &[TileLife], complete: bool) -> usize {
 }
 
 impl BlockGraph {
-    /// Bytes of shared memory of the tiles live at once ([`peak_bytes`] over the ops in order;
-    /// a graph output lives to the end).
+    /// Bytes of shared memory of the tiles live at once ([`peak_bytes`] over the ops in order).
     pub fn shared_memory_peak(&self) -> usize {
         // One life per tensor, at the index of the op that makes it (ops are in order and make
         // their tensors in order; savers make none).
@@ -102,17 +107,19 @@ impl BlockGraph {
                     phase: s.phase,
                     input: matches!(op.kind, BlockOpKind::Input { .. }),
                     accumulator: op.kind.is_accumulator(),
+                    output: false,
                     readers: Vec::new(),
                 });
             }
         }
-        for op in self.ops.iter().filter(|o| !matches!(o.kind, BlockOpKind::Output { .. })) {
-            let Some(&reader) = op.outputs.first() else { continue };
-            for &t in &op.inputs {
-                lives[index[t]].readers.push(index[reader]);
+        for op in &self.ops {
+            match (&op.kind, op.outputs.first()) {
+                (BlockOpKind::Output { .. }, _) => op.inputs.iter().for_each(|&t| lives[index[t]].output = true),
+                (_, Some(&made)) => op.inputs.iter().for_each(|&t| lives[index[t]].readers.push(index[made])),
+                (_, None) => {}
             }
         }
-        peak_bytes(&lives, true)
+        peak_bytes(&lives)
     }
 }
 
@@ -121,7 +128,11 @@ mod tests {
     use super::*;
 
     fn tile(bytes: usize, phase: Phase, readers: &[usize]) -> TileLife {
-        TileLife { bytes, phase, input: false, accumulator: false, readers: readers.to_vec() }
+        TileLife { bytes, phase, input: false, accumulator: false, output: false, readers: readers.to_vec() }
+    }
+
+    fn output(t: TileLife) -> TileLife {
+        TileLife { output: true, ..t }
     }
 
     #[test]
@@ -129,25 +140,34 @@ mod tests {
         // q (pre-loop, read by tile 2 in the loop), then two loop tiles.
         let mut tiles =
             vec![tile(100, Phase::Invariant, &[2]), tile(10, Phase::Loop, &[2]), tile(1, Phase::Loop, &[3])];
-        tiles.push(tile(1000, Phase::Loop, &[]));
+        tiles.push(output(tile(1000, Phase::Loop, &[])));
         // At tile 3 (the loop's last op) q is still live: the next iteration reads it.
-        assert_eq!(peak_bytes(&tiles, true), 100 + 1 + 1000);
+        assert_eq!(peak_bytes(&tiles), 100 + 1 + 1000);
     }
 
     #[test]
     fn an_accumulator_lives_from_the_loops_start() {
         let mut acc = tile(500, Phase::Post, &[2]);
         acc.accumulator = true;
-        let tiles = vec![tile(50, Phase::Loop, &[1]), acc, tile(7, Phase::Post, &[])];
+        let tiles = vec![tile(50, Phase::Loop, &[1]), acc, output(tile(7, Phase::Post, &[]))];
         // At tile 0 the accumulator already holds the earlier iterations' sum.
-        assert_eq!(peak_bytes(&tiles, true), 550);
+        assert_eq!(peak_bytes(&tiles), 550);
     }
 
     #[test]
     fn an_unread_tile_of_a_partial_graph_counts_only_at_its_op() {
         let tiles = vec![tile(100, Phase::Loop, &[]), tile(10, Phase::Loop, &[])];
-        assert_eq!(peak_bytes(&tiles, false), 100);
-        assert_eq!(peak_bytes(&tiles, true), 110);
+        assert_eq!(peak_bytes(&tiles), 100);
+        // Outputs (saved at the end) live to the end.
+        assert_eq!(peak_bytes(&tiles.into_iter().map(output).collect::<Vec<_>>()), 110);
+    }
+
+    #[test]
+    fn a_tile_read_by_later_ops_and_saved_lives_until_the_save() {
+        // Tile 0 is read by tile 1 and also saved: it outlives its last reader.
+        let tiles =
+            vec![output(tile(100, Phase::Post, &[1])), tile(10, Phase::Post, &[2]), tile(1000, Phase::Post, &[])];
+        assert_eq!(peak_bytes(&tiles), 100 + 10 + 1000);
     }
 
     #[test]

@@ -84,7 +84,7 @@ _BACKENDS = ("cuda", "cpu")
 #: Candidates verified as stable when a GPU profiles them (in the search's check order).
 _GPU_TOP_N = 48
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 35
+_CACHE_VERSION = 36
 #: Candidates compiled and timed on a GPU: every one verified there. The cost model ranks
 #: attention forms roughly (the twelfth session's winners sat up to 26th of 28-38), so the
 #: timings decide among all of them.

@@ -100,28 +100,41 @@ fn qknorm_norms_inside_the_attention_kernels() {
     assert_eq!(norms, 2, "both norms run inside the kernels: {}", describe(&g));
 }
 
-#[test]
-fn an_index_of_a_grid_size_is_split_fully() {
-    // 128 heads (above `max_full_split`, one of `grid_sizes`): one block per head is offered,
-    // as MHA at b = 8 (256 heads) wants one head per block to fill the GPU twice over.
-    let a = zoo::Attn { b: 128, h: 16, d: 16, s: 256, splits: 1, frange: 4, qsplit: 1 };
+/// Whether some candidate of a search over `heads` heads (default settings but the loop
+/// range, and `max_full_split` if given) has a kernel with one block per head: grid x of
+/// `heads` blocks over the head dim of its inputs.
+fn offers_one_head_per_block(heads: usize, max_full_split: Option<usize>) -> bool {
+    let a = zoo::Attn { b: heads, h: 16, d: 16, s: 256, splits: 1, frange: 4, qsplit: 1 };
     let p = zoo::attention(a, false, mirage_ugraph::DType::Float16).expect("zoo");
-    let cfg = SearchConfig { franges: Some(vec![4]), ..SearchConfig::default() };
-    assert!(cfg.max_full_split < 128 && cfg.grid_sizes.contains(&128));
+    let mut cfg = SearchConfig { franges: Some(vec![4]), ..SearchConfig::default() };
+    if let Some(m) = max_full_split {
+        cfg.max_full_split = m;
+    }
     let r = superoptimize(&p.reference, &cfg).expect("search runs");
-    // A kernel whose grid x holds one head each: the head dim of its inputs is split 128 ways.
-    let one_head_per_block = |bg: &mirage_ugraph::BlockGraph| {
-        bg.grid_dim[0] == 128
+    any_block_graph(&r, |bg| {
+        bg.grid_dim[0] == heads
             && bg
                 .ops
                 .iter()
-                .any(|o| matches!(&o.kind, BlockOpKind::Input { dims, imap, .. } if dims[0] == 128 && imap[0] == 0))
-    };
-    assert!(
-        any_block_graph(&r, one_head_per_block),
-        "no kernel with one block per head among {} candidates",
-        r.candidates.len()
-    );
+                .any(|o| matches!(&o.kind, BlockOpKind::Input { dims, imap, .. } if dims[0] == heads && imap[0] == 0))
+    })
+}
+
+#[test]
+fn an_index_of_a_grid_size_is_split_fully() {
+    // 128 heads, above `max_full_split` but one of `grid_sizes`: one block per head is offered.
+    let cfg = SearchConfig::default();
+    assert!(cfg.grid_sizes.contains(&128) && !cfg.grid_sizes.contains(&512));
+    assert!(offers_one_head_per_block(128, Some(64)), "128 heads, max_full_split 64");
+}
+
+#[test]
+fn an_index_up_to_max_full_split_is_split_fully() {
+    // 512 heads (MHA at b = 16), not a grid size: one block per head only within
+    // `max_full_split`, which by default reaches it.
+    assert!(SearchConfig::default().max_full_split >= 512);
+    assert!(offers_one_head_per_block(512, None), "512 heads, default max_full_split");
+    assert!(!offers_one_head_per_block(512, Some(256)), "512 heads, max_full_split 256");
 }
 
 /// Whether any customized kernel of any candidate satisfies `pred`.

@@ -1240,13 +1240,26 @@ __device__ __forceinline__ void rms_norm_rows_frag(T* t, int part = 0) {
   }
 }
 
+// Per-half unsigned max of two pairs of 16-bit values (for non-negative fp16/bf16 pairs,
+// the larger value of each half).
+__device__ __forceinline__ unsigned max_u16x2(unsigned a, unsigned b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned d;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  return __vmaxu2(a, b);
+#endif
+}
+
 // The running softmax state of a warp's RG row groups (rows g and g + 8 of 16 each) and
 // their O accumulators, in the mma accumulator layout (wgmma's per warp is the same).
-// m is the reference max the exponentials use; x, the true running max; l, the row sum
-// relative to m. m trails x by at most TH (natural log units): O and l are rescaled only
-// when a row's max passes m + TH, so P = exp(S - m) stays below 2^8 (exact in fp16/bf16
-// scale) and most updates skip the rescale.
-template <int RG, int NFO>
+// m is the reference max the exponentials use; x, the true running max (kept only with
+// XMAX, where the running max is an output); l, the row sum relative to m. m trails the
+// rows' max by at most TH (natural log units): O and l are rescaled only when a row's max
+// passes m + TH, so P = exp(S - m) stays below 2^8 (exact in fp16/bf16 scale) and most
+// updates skip the rescale.
+template <int RG, int NFO, bool XMAX = true>
 struct FlashRows {
   float o[RG][NFO][4];
   float m[RG][2], x[RG][2], l[RG][2];
@@ -1264,12 +1277,16 @@ struct FlashRows {
 
   // The online-softmax update of one chunk S (NFC fragments of 8 keys per row group): P =
   // exp(S - m) = 2^(S log2e - m log2e) (one FMA and one MUFU.EX2) with the current m, its row
-  // sums, and P as mma A fragments (`pa`). P does not wait for the chunk's row maxima: they
-  // are reduced beside it (pairwise trees, a quad shuffle), and only a chunk whose max passes
-  // m + TH for some row of the warp (rare after the first) rescales O and l and computes P
-  // again. Waiting for the maxima first cost the wgmma loop about a fifth of its time.
-  // `before_rescale` runs first in that rare branch (the wgmma form waits there for the P V
-  // still accumulating into O).
+  // sums, and P as mma A fragments (`pa`). P does not wait for the chunk's row maxima, and
+  // only a chunk whose max passes m + TH for some row of the warp (rare after the first)
+  // rescales O and l and computes P again. Waiting for the maxima first cost the wgmma loop
+  // about a fifth of its time. With XMAX the maxima are reduced beside P (pairwise trees, a
+  // quad shuffle) to keep x; without, the test is whether some packed P passes 2^8 (a tree
+  // of 16-bit integer maxima over the packed pairs: P >= 0, so their bit patterns order as
+  // their values; the first chunk's P is infinite against m = -inf), and only the rare
+  // branch reduces the maxima: MQA's wgmma loop then issues about a tenth fewer
+  // instructions, without shuffles before its P V. `before_rescale` runs first in that
+  // branch (the wgmma form waits there for the P V still accumulating into O).
   template <int NFC, typename T, class F = NoOp>
   __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4],
                                           F before_rescale = F()) {
@@ -1292,6 +1309,8 @@ struct FlashRows {
     exps();
     float mx[RG][2];
     bool grow = false;
+    // Row maxima of the chunk over each quad (and, with XMAX, the running max and the test).
+    auto maxima = [&] {
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
       float u0[NFC], u1[NFC];
@@ -1314,12 +1333,30 @@ struct FlashRows {
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
       mx[r][0] = mx0;
       mx[r][1] = mx1;
-      x[r][0] = fmaxf(x[r][0], mx0);
-      x[r][1] = fmaxf(x[r][1], mx1);
-      grow |= mx0 > m[r][0] + TH || mx1 > m[r][1] + TH;
+      if constexpr (XMAX) {
+        x[r][0] = fmaxf(x[r][0], mx0);
+        x[r][1] = fmaxf(x[r][1], mx1);
+        grow |= mx0 > m[r][0] + TH || mx1 > m[r][1] + TH;
+      }
+    }
+    };
+    if constexpr (XMAX) {
+      maxima();
+    } else {
+      unsigned v = pa[0][0][0];
+#pragma unroll
+      for (int r = 0; r < RG; ++r)
+#pragma unroll
+        for (int j = 0; j < NFC / 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v = max_u16x2(v, pa[r][j][e]);
+      // 2^8 in the storage type.
+      constexpr unsigned P8 = same_type<T, f16>::value ? 0x5C00u : 0x4380u;
+      grow = (v & 0xFFFFu) > P8 || (v >> 16) > P8;
     }
     if (__any_sync(0xffffffffu, grow)) {
       before_rescale();
+      if constexpr (!XMAX) maxima();
 #pragma unroll
       for (int r = 0; r < RG; ++r) {
         const float n0 = fmaxf(m[r][0], mx[r][0]), n1 = fmaxf(m[r][1], mx[r][1]);
@@ -1352,8 +1389,8 @@ struct FlashRows {
     }
   }
 
-  // After the last update: l summed over the quad and everything made relative to the true
-  // max (m = x).
+  // After the last update: l summed over the quad and, with XMAX, everything made relative
+  // to the true max (m = x; without, x = m: any reference max serves the merges).
   __device__ __forceinline__ void settle() {
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
@@ -1361,6 +1398,10 @@ struct FlashRows {
       for (int h = 0; h < 2; ++h) {
         l[r][h] += __shfl_xor_sync(0xffffffffu, l[r][h], 1);
         l[r][h] += __shfl_xor_sync(0xffffffffu, l[r][h], 2);
+        if constexpr (!XMAX) {
+          x[r][h] = m[r][h];
+          continue;
+        }
         const float a = ex2((m[r][h] - x[r][h]) * L2E);
         m[r][h] = x[r][h];
         l[r][h] *= a;
@@ -1515,7 +1556,7 @@ __device__ __forceinline__ void cluster_sum(float* t, int n) {
 }
 
 template <int NT, int BATCH, int M, int D, int N, int DV, int LDQ, int LDK, int LDV, int RG, int KS, int CW,
-          typename T, typename TQ>
+          typename T, typename TQ, bool XMAX = true>
 struct Flash {
   static_assert((NT / 32) % BATCH == 0, "flash: warps per batch item");
   static constexpr int NW = NT / 32 / BATCH, MW = M / 16;
@@ -1527,7 +1568,7 @@ struct Flash {
   static_assert(M % 16 == 0 && D % 16 == 0 && N % (16 * KS) == 0 && DV % 16 == 0, "flash tile shape");
   static_assert(WR * KS <= NW, "flash warps");
   unsigned q[RG][KQ][4];
-  FlashRows<RG, NFO> st;
+  FlashRows<RG, NFO, XMAX> st;
   int lane, bt, wr, slice;
   unsigned kofs, vofs;  // this lane's byte offsets in a K and a V tile
   bool active;
@@ -1770,7 +1811,8 @@ __device__ __forceinline__ void wg_pin(float (&d)[NF][4]) {
 // With QSS, Q ([BATCH * M][64], K's type) sits as `swz<64, 8>` too and S = Q K takes both
 // operands through descriptors; then within a step each block's P V runs on while the next
 // block's softmax does (see `step`).
-template <int NT, int BATCH, int M, int D, int N, int LDQ, int RG, int KS, typename T, typename TQ, bool QSS = false>
+template <int NT, int BATCH, int M, int D, int N, int LDQ, int RG, int KS, typename T, typename TQ, bool QSS = false,
+          bool XMAX = true>
 struct FlashWG {
 #if defined(__CUDA_ARCH__)
   static_assert(MI_WGMMA, "FlashWG needs sm_90a (wgmma)");
@@ -1783,7 +1825,7 @@ struct FlashWG {
                     N % 64 == 0 && N <= 256 && (NKB == 64 || NKB == 32),
                 "flash (wgmma) tile shape");
   static_assert(!QSS || (D == 64 && same_type<TQ, T>::value), "flash (wgmma): Q by descriptor needs 64-wide rows of K's type");
-  FlashRows<RG, 8> st;
+  FlashRows<RG, 8, XMAX> st;
   float s[RG][NFC][4];  // S of the current block (issued one block ahead)
   int lane, bt, row0, slice;  // row0: this warp's first row of its first group
   const TQ* qp;  // this batch item's Q (set at the first step; Q is loop-invariant)

@@ -1575,20 +1575,21 @@ impl Ctx<'_> {
                     if let Some((rg, ks)) = f.wg {
                         wl!(
                             s,
-                            "  mi::FlashWG<NT, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}, {}> fa;",
+                            "  mi::FlashWG<NT, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}, {}, {}> fa;",
                             f.batch,
                             f.m,
                             f.d,
                             f.n,
                             ld(f.q),
-                            self.layout[f.q].is_some_and(|l| l.swz.is_some())
+                            self.layout[f.q].is_some_and(|l| l.swz.is_some()),
+                            f.x.is_some()
                         );
                     } else {
                         let (rg, ks) = f.warps(self.nt);
                         let cw = f.chunk(rg, ks);
                         wl!(
                             s,
-                            "  mi::Flash<NT, {}, {}, {}, {}, {}, {}, {}, {}, {rg}, {ks}, {cw}, {ty}, {tq}> fa;",
+                            "  mi::Flash<NT, {}, {}, {}, {}, {}, {}, {}, {}, {rg}, {ks}, {cw}, {ty}, {tq}, {}> fa;",
                             f.batch,
                             f.m,
                             f.d,
@@ -1596,7 +1597,8 @@ impl Ctx<'_> {
                             f.dv,
                             ld(f.q),
                             ld(f.k),
-                            ld(f.v)
+                            ld(f.v),
+                            f.x.is_some()
                         );
                     }
                     if off.is_some() {

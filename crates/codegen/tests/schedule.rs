@@ -5,7 +5,7 @@
 
 use mirage_codegen::{generate, Options};
 use mirage_ugraph::zoo::{self, Attn};
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph};
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph, UnaryOp};
 
 /// The source of the first customized kernel of `g` for sm_90.
 fn kernel_source(g: &KernelGraph) -> String {
@@ -159,7 +159,7 @@ fn attention_runs_on_warpgroup_tensor_cores_on_sm_90() {
     // lookahead's wgmma) and fencing the copies for the tensor cores. Q, loaded and read only by
     // the region, takes the same swizzle (S = Q K with both operands by descriptor: QSS).
     let src = kernel_source(&zoo::attention_online(attn(), DType::Float16).expect("zoo").ugraph);
-    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 64, 1, 1, mi::f16, mi::f16, true> fa;"), "{src}");
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 64, 1, 1, mi::f16, mi::f16, true, true> fa;"), "{src}");
     assert!(src.contains("__align__(1024) unsigned char mi_smem[]"), "{src}");
     assert!(src.contains("mi::swz<64, 8>(i)"), "{src}");
     let body = loop_body(&src);
@@ -182,13 +182,56 @@ fn attention_runs_on_warpgroup_tensor_cores_on_sm_90() {
     }
 }
 
+/// softmax(Q K) V in one kernel with blocks of `rows` query rows (128 threads) over 1024 keys,
+/// 128 an iteration, saving only O / l: no running max leaves the loop (the search's MQA
+/// form).
+fn one_kernel_attention(rows: usize) -> KernelGraph {
+    let (b, m, n, d) = (2, 128, 1024, 64);
+    let mut g = KernelGraph::new();
+    let ins: Vec<_> = [[b, m, d], [b, d, n], [b, n, d]]
+        .iter()
+        .map(|s| g.new_input(s, DType::Float16, None).expect("input"))
+        .collect();
+    let mut k = BlockGraph::new([b, m / rows, 1], [128, 1, 1], n / 128, d).expect("block graph");
+    let q = k.new_input(&[b, m, d], DType::Float16, [0, 1, -1], -1).expect("q");
+    let kt = k.new_input(&[b, d, n], DType::Float16, [0, -1, -1], 2).expect("k");
+    let v = k.new_input(&[b, n, d], DType::Float16, [0, -1, -1], 1).expect("v");
+    let s = k.matmul(q, kt).expect("s");
+    let (mx, diff) = k.reduction_max(s, 2).expect("max");
+    let sh = k.binary(BinaryOp::Sub, s, mx).expect("sub");
+    let e = k.unary(UnaryOp::Exp, sh).expect("exp");
+    let scale = k.unary(UnaryOp::Exp, diff).expect("exp");
+    let ev = k.matmul(e, v).expect("pv");
+    let o = k.forloop_accum_rescale(ev, scale, Accum::None).expect("o");
+    let l = k.forloop_accum_rescale(e, scale, Accum::Sum).expect("l");
+    let out = k.binary(BinaryOp::Div, o, l).expect("div");
+    k.new_output(out, [0, 1, -1], -1).expect("output");
+    let outs = g.customized(&ins, k).expect("customized");
+    g.mark_output(outs[0], None).expect("mark");
+    g
+}
+
+#[test]
+fn attention_without_a_saved_max_keeps_no_running_max() {
+    // Where no running max leaves the loop, the register softmax is told so (XMAX false): it
+    // tests the packed P for a rescale instead of reducing every chunk's row maxima. The
+    // graphs of the other tests save the max (split-KV partials) and keep it.
+    let wg = kernel_source(&one_kernel_attention(64));
+    assert!(wg.contains("mi::FlashWG<NT, 1, 64, 64, 128, 64, 1, 1, mi::f16, mi::f16, true, false> fa;"), "{wg}");
+    let mma = kernel_source_for(&one_kernel_attention(32), 90);
+    assert!(
+        mma.contains("mi::Flash<NT, 1, 32, 64, 128, 64, ") && mma.contains(", mi::f16, mi::f16, false> fa;"),
+        "{mma}"
+    );
+}
+
 #[test]
 fn a_q_normalised_before_the_loop_is_written_swizzled_for_the_descriptors() {
     // QK-norm's Q, row-normalised in the kernel before the loop, is read only by the wgmma
     // region: the norm writes it through the 128-byte swizzle (QSS, as a loaded Q) from a
     // 1024-byte aligned buffer, and the loop's first proxy fence comes before any wgmma reads it.
     let src = kernel_source(&zoo::qnorm_attention_online(attn(), DType::Float16).expect("zoo").ugraph);
-    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 64, 1, 1, mi::f16, mi::f16, true> fa;"), "{src}");
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 64, 1, 1, mi::f16, mi::f16, true, true> fa;"), "{src}");
     let norm = src.lines().find(|l| l.contains("rms_norm_rows")).expect("Q's rms norm");
     assert!(norm.contains("[mi::swz<64, 8>(i)] = "), "{norm}");
     let q = norm.split("[mi::swz").next().and_then(|l| l.rsplit(' ').next()).expect("Q's tile");
@@ -222,7 +265,7 @@ fn a_v_normalised_in_the_loop_is_normalised_in_place_in_its_stage() {
     // step reads it.
     let one = kernel_source(&zoo::qnorm_attention_online(attn(), DType::Float16).expect("zoo").ugraph);
     let src = kernel_source(&zoo::qknorm_attention_online(attn(), DType::Float16).expect("zoo").ugraph);
-    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 64, 1, 1, mi::f16, mi::f16, true> fa;"), "{src}");
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 64, 64, 1, 1, mi::f16, mi::f16, true, true> fa;"), "{src}");
     let body = &src[src.find("for (int it = 0;").expect("a for-loop")..];
     let norm = body.find("mi::rms_norm_rows_frag<NT, 64, 64, 64, true, mi::f16>(").expect("V's in-place norm");
     let step = body.find("fa.step").expect("the step");
@@ -253,7 +296,7 @@ fn with_the_lookahead_each_iteration_normalises_the_next_v_stage_beside_its_matm
         "{next}"
     );
     // The step's blocks, so the parts: 128 keys of one slice in blocks of 64, NB = 2.
-    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 128, 64, 1, 1, mi::f16, mi::f16, true> fa;"), "{src}");
+    assert!(src.contains("mi::FlashWG<NT, 1, 64, 64, 128, 64, 1, 1, mi::f16, mi::f16, true, true> fa;"), "{src}");
     assert!(next.contains("_st + ((it + 1) % 4) * 8192, j); });"), "{next}");
 }
 

@@ -37,4 +37,4 @@ pub use error::{Result, SearchError};
 pub use online_softmax::rewrite_online_softmax;
 pub use oracle::ExprOracle;
 pub use search::{superoptimize, Candidate, SearchResult, SearchStats};
-pub use verify::{verify_candidate, Verification};
+pub use verify::{verify_candidate, Checker, Verification};

@@ -31,7 +31,7 @@ use crate::generator::{count_plans, search_block_graphs, BlockSolution, Env, Mod
 use crate::labels::{analyze, Label};
 use crate::online_softmax::rewrite_online_softmax;
 use crate::oracle::ExprOracle;
-use crate::verify::{verify_candidate, Verification};
+use crate::verify::{Checker, Verification};
 
 /// A µGraph equivalent (abstractly, and as checked) to the reference.
 #[derive(Debug, Clone)]
@@ -537,12 +537,12 @@ fn sort_dedup(all: &mut Vec<Candidate>) {
 /// contains `exp`, its online-softmax rewrite ([`rewrite_online_softmax`]) when
 /// `online_softmax` is set and the rewrite checks as [`Verification::Passed`] (equivalent and
 /// stable in its own precision), to take its place.
-fn check_candidate(reference: &KernelGraph, cfg: &SearchConfig, c: &Candidate) -> (Verification, Option<Candidate>) {
-    let v = verify_candidate(reference, &c.graph, &cfg.verify);
+fn check_candidate(checker: &Checker<'_>, cfg: &SearchConfig, c: &Candidate) -> (Verification, Option<Candidate>) {
+    let v = checker.check(&c.graph);
     let rewrite = (matches!(v, Verification::Unstable(_)) && cfg.online_softmax && has_exp(&c.graph))
         .then(|| rewrite_online_softmax(&c.graph))
         .flatten()
-        .filter(|g| verify_candidate(reference, g, &cfg.verify) == Verification::Passed)
+        .filter(|g| checker.check(g) == Verification::Passed)
         .map(|g| Candidate {
             cost: kernel_graph_cost(&g, &cfg.cost_model),
             hash: graph_hash(&g),
@@ -727,6 +727,7 @@ fn verify_all(
     let order = check_order(cands, cfg.verify.spread, &cfg.cost_model);
     let (mut stable, mut unstable, mut failed, mut rewrites, mut next) = (0, 0, 0, 0, 0);
     let mut seen: HashSet<String> = HashSet::new();
+    let checker = Checker::new(reference, &cfg.verify);
     while stable < want && stable + unstable < 2 * want && next < order.len() && next < 4 * want.max(1) {
         if ctl.cancelled() || (stable + unstable > 0 && ctl.past_grace()) {
             break;
@@ -737,7 +738,7 @@ fn verify_all(
         let batch = if cut { rayon::current_num_threads().min(want - stable) } else { want - stable };
         let end = (next + batch).min(order.len());
         let idx = &order[next..end];
-        let checked: Vec<_> = idx.par_iter().map(|&i| check_candidate(reference, cfg, &cands[i])).collect();
+        let checked: Vec<_> = idx.par_iter().map(|&i| check_candidate(&checker, cfg, &cands[i])).collect();
         for (&i, (v, rewrite)) in idx.iter().zip(checked) {
             if let Some(new) = rewrite {
                 rewrites += 1;

@@ -1,6 +1,8 @@
-//! Checking final candidates against the reference, all through [`verify_candidate`]:
+//! Checking final candidates against the reference, all through a [`Checker`] (one per
+//! search: the reference side is prepared once and its sampled values are shared by every
+//! candidate) or [`verify_candidate`] for a single pair:
 //!
-//! 1. the finite-field verifier ([`mirage_verify::equivalent`]: random inputs in a prime
+//! 1. the finite-field verifier ([`mirage_verify::Verifier`]: random inputs in a prime
 //!    field, sampled output elements and one element per tile, a false-accept bound per
 //!    element below 1e-9), which also simulates the candidate in its own precision;
 //! 2. an f64 float check on the same kind of lazily generated inputs (nothing of paper-sized
@@ -8,8 +10,10 @@
 //!    corner with the interpreter's demand-driven [`mirage_ugraph::run_region`]. It is the
 //!    whole check when the field verifier declines a pair (e.g. two exponentials on a path).
 
+use std::sync::OnceLock;
+
 use mirage_ugraph::{run_region, KernelGraph, Region, Source, Tensor};
-use mirage_verify::{Numerics, Verdict};
+use mirage_verify::{Numerics, Verdict, Verifier};
 
 use crate::config::VerifyOptions;
 
@@ -78,70 +82,143 @@ impl Source<f64> for LazyInputs {
 
 /// Checks that `candidate` computes what `reference` computes (same inputs, same outputs).
 pub fn verify_candidate(reference: &KernelGraph, candidate: &KernelGraph, opts: &VerifyOptions) -> Verification {
-    let field = mirage_verify::Options { seed: opts.seed, ..mirage_verify::Options::default() };
-    match mirage_verify::equivalent(reference, candidate, &field) {
-        Ok(v @ Verdict::NotEquivalent { .. }) => Verification::Failed(format!("finite-field test: {v:?}")),
-        Ok(Verdict::Equivalent { numerics: Numerics::Unstable { reason }, .. }) => {
-            match float_check(reference, candidate, opts) {
-                Verification::Passed => Verification::Unstable(reason),
-                other => other,
+    Checker::new(reference, opts).check(candidate)
+}
+
+/// The reference's float-check values of one trial: the sampled boxes of every output and
+/// the reference's values there (or why it could not run).
+type FloatTrial = Result<(Vec<Region>, Vec<Tensor<f64>>), String>;
+
+/// A reference prepared for checking many candidates: the finite-field verifier (its
+/// analysis done once, its reference values cached across candidates) and the float check's
+/// reference boxes, each computed on first use. Shared by the search's checking threads.
+pub struct Checker<'a> {
+    reference: &'a KernelGraph,
+    opts: &'a VerifyOptions,
+    /// `None` where the field verifier declines the reference (the float check then decides).
+    field: Option<Verifier>,
+    trials: Vec<OnceLock<FloatTrial>>,
+}
+
+impl<'a> Checker<'a> {
+    /// Prepares `reference` for `opts`.
+    pub fn new(reference: &'a KernelGraph, opts: &'a VerifyOptions) -> Self {
+        let field =
+            Verifier::new(reference, mirage_verify::Options { seed: opts.seed, ..mirage_verify::Options::default() })
+                .ok();
+        let trials = (0..opts.trials.max(1)).map(|_| OnceLock::new()).collect();
+        Checker { reference, opts, field, trials }
+    }
+
+    /// Checks one candidate (see [`verify_candidate`]).
+    pub fn check(&self, candidate: &KernelGraph) -> Verification {
+        let verdict = match &self.field {
+            Some(v) => v.check(candidate),
+            None => Err(mirage_verify::VerifyError::Options("the field verifier declined the reference".into())),
+        };
+        match verdict {
+            Ok(v @ Verdict::NotEquivalent { .. }) => Verification::Failed(format!("finite-field test: {v:?}")),
+            Ok(Verdict::Equivalent { numerics: Numerics::Unstable { reason }, .. }) => {
+                match self.float_check(candidate) {
+                    Verification::Passed => Verification::Unstable(reason),
+                    other => other,
+                }
+            }
+            // Equivalent, or a pair the field test declines: the float check decides.
+            Ok(Verdict::Equivalent { .. }) | Err(_) => self.float_check(candidate),
+        }
+    }
+
+    /// The reference's boxes and values of float-check trial `trial`.
+    fn reference_trial(&self, trial: usize, inputs: &LazyInputs, odims: &[Vec<usize>]) -> &FloatTrial {
+        self.trials[trial].get_or_init(|| {
+            let mut rng = splitmix(self.opts.seed ^ (trial as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
+            let regions: Vec<Region> = odims
+                .iter()
+                .map(|d| {
+                    let mut start = Vec::with_capacity(d.len());
+                    let mut end = Vec::with_capacity(d.len());
+                    for &n in d {
+                        let e = n.min(2);
+                        rng = splitmix(rng);
+                        let s = if trial == 0 { n - e } else { (rng % (n - e + 1) as u64) as usize };
+                        start.push(s);
+                        end.push(s + e);
+                    }
+                    Region { start, end }
+                })
+                .collect();
+            match run_region::<f64, _>(self.reference, inputs, &regions) {
+                Ok(w) => Ok((regions, w)),
+                Err(e) => Err(format!("the reference does not run: {e}")),
+            }
+        })
+    }
+
+    fn float_check(&self, candidate: &KernelGraph) -> Verification {
+        let (reference, opts) = (self.reference, self.opts);
+        let (ri, ci) = (reference.input_ids(), candidate.input_ids());
+        let dims: Vec<Vec<usize>> = ri.iter().map(|&t| reference.tensors[t].dims.clone()).collect();
+        let cdims: Vec<Vec<usize>> = ci.iter().map(|&t| candidate.tensors[t].dims.clone()).collect();
+        if dims != cdims {
+            return Verification::Failed(format!("inputs differ: reference {dims:?}, candidate {cdims:?}"));
+        }
+        let (ro, co) = (reference.output_ids(), candidate.output_ids());
+        let odims: Vec<Vec<usize>> = ro.iter().map(|&t| reference.tensors[t].dims.clone()).collect();
+        let codims: Vec<Vec<usize>> = co.iter().map(|&t| candidate.tensors[t].dims.clone()).collect();
+        if odims != codims {
+            return Verification::Failed(format!("outputs differ: reference {odims:?}, candidate {codims:?}"));
+        }
+        let inputs = LazyInputs { seed: opts.seed, dims };
+        for trial in 0..self.trials.len() {
+            let (regions, want) = match self.reference_trial(trial, &inputs, &odims) {
+                Ok(t) => t,
+                Err(e) => return Verification::Failed(e.clone()),
+            };
+            let got = match run_region::<f64, _>(candidate, &inputs, regions) {
+                Ok(g) => g,
+                Err(e) => return Verification::Failed(format!("the candidate does not run: {e}")),
+            };
+            for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+                for (i, (&x, &y)) in w.data.iter().zip(&g.data).enumerate() {
+                    let tol = opts.tolerance * x.abs().max(y.abs()).max(1.0);
+                    if (x - y).abs() > tol || x.is_nan() != y.is_nan() {
+                        return Verification::Failed(format!(
+                            "output {k}, box {:?}..{:?}, element {i}: expected {x}, got {y}",
+                            regions[k].start, regions[k].end
+                        ));
+                    }
+                }
             }
         }
-        // Equivalent, or a pair the field test declines: the float check decides.
-        Ok(Verdict::Equivalent { .. }) | Err(_) => float_check(reference, candidate, opts),
+        Verification::Passed
     }
 }
 
-fn float_check(reference: &KernelGraph, candidate: &KernelGraph, opts: &VerifyOptions) -> Verification {
-    let (ri, ci) = (reference.input_ids(), candidate.input_ids());
-    let dims: Vec<Vec<usize>> = ri.iter().map(|&t| reference.tensors[t].dims.clone()).collect();
-    let cdims: Vec<Vec<usize>> = ci.iter().map(|&t| candidate.tensors[t].dims.clone()).collect();
-    if dims != cdims {
-        return Verification::Failed(format!("inputs differ: reference {dims:?}, candidate {cdims:?}"));
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mirage_ugraph::zoo::{self, Attn};
+    use mirage_ugraph::DType;
+
+    #[test]
+    fn one_checker_gives_each_candidate_its_own_verdict() {
+        // One checker, many candidates (the search's use): the reference side is computed once
+        // and reused, and each candidate still gets the verdict a fresh check gives it, right
+        // or wrong, through the field test (two-kernel attention) and through the float check
+        // alone (online softmax: two exponentials on a path, which the field test declines).
+        let a = Attn { b: 2, h: 16, d: 16, s: 64, splits: 2, frange: 2, qsplit: 1 };
+        let plain = zoo::attention(a, false, DType::Float32).expect("zoo");
+        let online = zoo::attention_online(a, DType::Float32).expect("zoo");
+        let qknorm = zoo::qknorm_attention_online(a, DType::Float32).expect("zoo");
+        let opts = VerifyOptions::default();
+        let checker = Checker::new(&plain.reference, &opts);
+        let cands = [&plain.ugraph, &qknorm.ugraph, &online.ugraph, &qknorm.ugraph, &plain.ugraph, &online.ugraph];
+        let verdicts: Vec<Verification> = cands.iter().map(|g| checker.check(g)).collect();
+        let fresh: Vec<Verification> = cands.iter().map(|g| verify_candidate(&plain.reference, g, &opts)).collect();
+        assert_eq!(verdicts, fresh);
+        let passed: Vec<bool> = verdicts.iter().map(Verification::passed).collect();
+        assert_eq!(passed, [true, false, true, false, true, true], "{verdicts:?}");
+        assert!(checker.trials.iter().all(|t| t.get().is_some_and(|r| r.is_ok())), "float-check boxes cached");
     }
-    let (ro, co) = (reference.output_ids(), candidate.output_ids());
-    let odims: Vec<Vec<usize>> = ro.iter().map(|&t| reference.tensors[t].dims.clone()).collect();
-    let codims: Vec<Vec<usize>> = co.iter().map(|&t| candidate.tensors[t].dims.clone()).collect();
-    if odims != codims {
-        return Verification::Failed(format!("outputs differ: reference {odims:?}, candidate {codims:?}"));
-    }
-    let inputs = LazyInputs { seed: opts.seed, dims };
-    for trial in 0..opts.trials.max(1) {
-        let mut rng = splitmix(opts.seed ^ (trial as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
-        let regions: Vec<Region> = odims
-            .iter()
-            .map(|d| {
-                let mut start = Vec::with_capacity(d.len());
-                let mut end = Vec::with_capacity(d.len());
-                for &n in d {
-                    let e = n.min(2);
-                    rng = splitmix(rng);
-                    let s = if trial == 0 { n - e } else { (rng % (n - e + 1) as u64) as usize };
-                    start.push(s);
-                    end.push(s + e);
-                }
-                Region { start, end }
-            })
-            .collect();
-        let want = match run_region::<f64, _>(reference, &inputs, &regions) {
-            Ok(w) => w,
-            Err(e) => return Verification::Failed(format!("the reference does not run: {e}")),
-        };
-        let got = match run_region::<f64, _>(candidate, &inputs, &regions) {
-            Ok(g) => g,
-            Err(e) => return Verification::Failed(format!("the candidate does not run: {e}")),
-        };
-        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-            for (i, (&x, &y)) in w.data.iter().zip(&g.data).enumerate() {
-                let tol = opts.tolerance * x.abs().max(y.abs()).max(1.0);
-                if (x - y).abs() > tol || x.is_nan() != y.is_nan() {
-                    return Verification::Failed(format!(
-                        "output {k}, box {:?}..{:?}, element {i}: expected {x}, got {y}",
-                        regions[k].start, regions[k].end
-                    ));
-                }
-            }
-        }
-    }
-    Verification::Passed
 }

@@ -38,7 +38,8 @@ pub(crate) struct FlashRegion {
     pub o: STensorId,
     /// Row-sum accumulator, if the graph has one.
     pub l: Option<STensorId>,
-    /// Running-max accumulator, if the graph has one.
+    /// Running-max accumulator, if the graph has one. Without it the runtime keeps no true
+    /// running max (`XMAX` false: the rescale test runs on the packed P, see `FlashRows`).
     pub x: Option<STensorId>,
     /// Independent attention problems in the tile (the product of the leading dims).
     pub batch: usize,

@@ -1284,9 +1284,9 @@ struct FlashRows {
   // quad shuffle) to keep x; without, the test is whether some packed P passes 2^8 (a tree
   // of 16-bit integer maxima over the packed pairs: P >= 0, so their bit patterns order as
   // their values; the first chunk's P is infinite against m = -inf), and only the rare
-  // branch reduces the maxima: MQA's wgmma loop then issues about a tenth fewer
-  // instructions, without shuffles before its P V. `before_rescale` runs first in that
-  // branch (the wgmma form waits there for the P V still accumulating into O).
+  // branch reduces the maxima (MQA b=16's wgmma loop had 72 FMNMX and 8 SHFL of its 551
+  // instructions a warp-iteration in them). `before_rescale` runs first in that branch (the
+  // wgmma form waits there for the P V still accumulating into O).
   template <int NFC, typename T, class F = NoOp>
   __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4],
                                           F before_rescale = F()) {
@@ -1312,33 +1312,33 @@ struct FlashRows {
     // Row maxima of the chunk over each quad (and, with XMAX, the running max and the test).
     auto maxima = [&] {
 #pragma unroll
-    for (int r = 0; r < RG; ++r) {
-      float u0[NFC], u1[NFC];
+      for (int r = 0; r < RG; ++r) {
+        float u0[NFC], u1[NFC];
 #pragma unroll
-      for (int j = 0; j < NFC; ++j) {
-        u0[j] = fmaxf(s[r][j][0], s[r][j][1]);
-        u1[j] = fmaxf(s[r][j][2], s[r][j][3]);
-      }
-#pragma unroll
-      for (int w = 1; w < NFC; w *= 2)
-#pragma unroll
-        for (int j = 0; j + w < NFC; j += 2 * w) {
-          u0[j] = fmaxf(u0[j], u0[j + w]);
-          u1[j] = fmaxf(u1[j], u1[j + w]);
+        for (int j = 0; j < NFC; ++j) {
+          u0[j] = fmaxf(s[r][j][0], s[r][j][1]);
+          u1[j] = fmaxf(s[r][j][2], s[r][j][3]);
         }
-      float mx0 = u0[0], mx1 = u1[0];
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      mx[r][0] = mx0;
-      mx[r][1] = mx1;
-      if constexpr (XMAX) {
-        x[r][0] = fmaxf(x[r][0], mx0);
-        x[r][1] = fmaxf(x[r][1], mx1);
-        grow |= mx0 > m[r][0] + TH || mx1 > m[r][1] + TH;
+#pragma unroll
+        for (int w = 1; w < NFC; w *= 2)
+#pragma unroll
+          for (int j = 0; j + w < NFC; j += 2 * w) {
+            u0[j] = fmaxf(u0[j], u0[j + w]);
+            u1[j] = fmaxf(u1[j], u1[j + w]);
+          }
+        float mx0 = u0[0], mx1 = u1[0];
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        mx[r][0] = mx0;
+        mx[r][1] = mx1;
+        if constexpr (XMAX) {
+          x[r][0] = fmaxf(x[r][0], mx0);
+          x[r][1] = fmaxf(x[r][1], mx1);
+          grow |= mx0 > m[r][0] + TH || mx1 > m[r][1] + TH;
+        }
       }
-    }
     };
     if constexpr (XMAX) {
       maxima();

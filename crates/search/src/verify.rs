@@ -97,7 +97,15 @@ pub struct Checker<'a> {
     opts: &'a VerifyOptions,
     /// `None` where the field verifier declines the reference (the float check then decides).
     field: Option<Verifier>,
+    /// The reference's input and output dims (a candidate must have the same).
+    in_dims: Vec<Vec<usize>>,
+    out_dims: Vec<Vec<usize>>,
     trials: Vec<OnceLock<FloatTrial>>,
+}
+
+/// The dims of `ids`' tensors in `g`.
+fn dims_of(g: &KernelGraph, ids: &[usize]) -> Vec<Vec<usize>> {
+    ids.iter().map(|&t| g.tensors[t].dims.clone()).collect()
 }
 
 impl<'a> Checker<'a> {
@@ -107,33 +115,32 @@ impl<'a> Checker<'a> {
             Verifier::new(reference, mirage_verify::Options { seed: opts.seed, ..mirage_verify::Options::default() })
                 .ok();
         let trials = (0..opts.trials.max(1)).map(|_| OnceLock::new()).collect();
-        Checker { reference, opts, field, trials }
+        let (in_dims, out_dims) =
+            (dims_of(reference, &reference.input_ids()), dims_of(reference, &reference.output_ids()));
+        Checker { reference, opts, field, in_dims, out_dims, trials }
     }
 
     /// Checks one candidate (see [`verify_candidate`]).
     pub fn check(&self, candidate: &KernelGraph) -> Verification {
-        let verdict = match &self.field {
-            Some(v) => v.check(candidate),
-            None => Err(mirage_verify::VerifyError::Options("the field verifier declined the reference".into())),
-        };
-        match verdict {
-            Ok(v @ Verdict::NotEquivalent { .. }) => Verification::Failed(format!("finite-field test: {v:?}")),
-            Ok(Verdict::Equivalent { numerics: Numerics::Unstable { reason }, .. }) => {
+        match self.field.as_ref().map(|v| v.check(candidate)) {
+            Some(Ok(v @ Verdict::NotEquivalent { .. })) => Verification::Failed(format!("finite-field test: {v:?}")),
+            Some(Ok(Verdict::Equivalent { numerics: Numerics::Unstable { reason }, .. })) => {
                 match self.float_check(candidate) {
                     Verification::Passed => Verification::Unstable(reason),
                     other => other,
                 }
             }
-            // Equivalent, or a pair the field test declines: the float check decides.
-            Ok(Verdict::Equivalent { .. }) | Err(_) => self.float_check(candidate),
+            // Equivalent, or a reference or pair the field test declines: the float check decides.
+            Some(Ok(Verdict::Equivalent { .. }) | Err(_)) | None => self.float_check(candidate),
         }
     }
 
     /// The reference's boxes and values of float-check trial `trial`.
-    fn reference_trial(&self, trial: usize, inputs: &LazyInputs, odims: &[Vec<usize>]) -> &FloatTrial {
+    fn reference_trial(&self, trial: usize, inputs: &LazyInputs) -> &FloatTrial {
         self.trials[trial].get_or_init(|| {
             let mut rng = splitmix(self.opts.seed ^ (trial as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
-            let regions: Vec<Region> = odims
+            let regions: Vec<Region> = self
+                .out_dims
                 .iter()
                 .map(|d| {
                     let mut start = Vec::with_capacity(d.len());
@@ -156,22 +163,19 @@ impl<'a> Checker<'a> {
     }
 
     fn float_check(&self, candidate: &KernelGraph) -> Verification {
-        let (reference, opts) = (self.reference, self.opts);
-        let (ri, ci) = (reference.input_ids(), candidate.input_ids());
-        let dims: Vec<Vec<usize>> = ri.iter().map(|&t| reference.tensors[t].dims.clone()).collect();
-        let cdims: Vec<Vec<usize>> = ci.iter().map(|&t| candidate.tensors[t].dims.clone()).collect();
-        if dims != cdims {
+        let (dims, odims) = (&self.in_dims, &self.out_dims);
+        let cdims = dims_of(candidate, &candidate.input_ids());
+        if *dims != cdims {
             return Verification::Failed(format!("inputs differ: reference {dims:?}, candidate {cdims:?}"));
         }
-        let (ro, co) = (reference.output_ids(), candidate.output_ids());
-        let odims: Vec<Vec<usize>> = ro.iter().map(|&t| reference.tensors[t].dims.clone()).collect();
-        let codims: Vec<Vec<usize>> = co.iter().map(|&t| candidate.tensors[t].dims.clone()).collect();
-        if odims != codims {
+        let codims = dims_of(candidate, &candidate.output_ids());
+        if *odims != codims {
             return Verification::Failed(format!("outputs differ: reference {odims:?}, candidate {codims:?}"));
         }
-        let inputs = LazyInputs { seed: opts.seed, dims };
+        let opts = self.opts;
+        let inputs = LazyInputs { seed: opts.seed, dims: dims.clone() };
         for trial in 0..self.trials.len() {
-            let (regions, want) = match self.reference_trial(trial, &inputs, &odims) {
+            let (regions, want) = match self.reference_trial(trial, &inputs) {
                 Ok(t) => t,
                 Err(e) => return Verification::Failed(e.clone()),
             };

@@ -295,29 +295,6 @@ def test_online_attention_large_logits():
         assert _rel(out, expect) < 1e-2
 
 
-def _one_kernel_attention(b: int, m: int, n: int, rows: int, keys: int) -> mi.KNGraph:
-    """softmax(Q K) V in one kernel (the search's MQA form): blocks of `rows` query rows, loops
-    over `keys` keys at a time, no running max saved (only O / l leaves the loop)."""
-    g = mi.new_kernel_graph()
-    Q = g.new_input((b, m, 64), dtype=mi.float16)
-    K = g.new_input((b, 64, n), dtype=mi.float16)
-    V = g.new_input((b, n, 64), dtype=mi.float16)
-    tb = mi.new_threadblock_graph((b, m // rows, 1), (128, 1, 1), n // keys, 64)
-    tq = tb.new_input(Q, (0, 1, -1), -1)
-    tk = tb.new_input(K, (0, -1, -1), 2)
-    tv = tb.new_input(V, (0, -1, -1), 1)
-    s = tb.matmul(tq, tk)
-    mx, diff = tb.reduction_max(s, 2)
-    e = tb.exp(tb.sub(s, mx))
-    scale = tb.exp(diff)
-    o = tb.forloop_accum_rescale(tb.matmul(e, tv), scale, None)
-    ll = tb.forloop_accum_rescale(e, scale, "sum")
-    tb.new_output(tb.div(o, ll), (0, 1, -1), -1)
-    (out,) = g.customized([Q, K, V], tb)
-    g.mark_output(out)
-    return g
-
-
 @pytest.mark.parametrize("rows,keys", [(64, 128), (64, 64), (32, 128)])
 def test_online_attention_growing_logits(rows, keys):
     # Logits that grow along the keys, from about 0 to about 40: later key blocks pass the
@@ -325,7 +302,8 @@ def test_online_attention_growing_logits(rows, keys):
     # (64 rows: the warpgroup form, which without a saved running max tests for it on the
     # packed P; 32 rows: the mma.sync form). exp(40) overflows fp16: a missed rescale shows.
     b, m, n = 2, 128, 1024
-    g = _one_kernel_attention(b, m, n, rows, keys)
+    # softmax(Q K) V in one kernel (the search's MQA form): only O / l leaves the loop.
+    _, g = _zoo("attention_one_kernel", "float16", [b, m, 64, n, 1, n // keys, m // rows])
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(b, m, 64, generator=gen).abs() + 0.5
     k = torch.rand(b, 64, n, generator=gen) * torch.linspace(0.0, 1.0, n)

@@ -162,7 +162,8 @@ fn attn(p: &[usize]) -> PyResult<Attn> {
 /// `(reference JSON, µGraph JSON)` of a zoo workload: `rmsnorm_linear` / `gated_mlp`
 /// `[m, k, n, grid, frange]`, `lora` `[m, k, n, rank, grid, frange]`, `attention` /
 /// `qknorm_attention` / `attention_online` / `qnorm_attention_online` /
-/// `qknorm_attention_online` `[b, h, d, s, splits, frange]`, `ntrans` `[b, n]`.
+/// `qknorm_attention_online` / `attention_one_kernel` `[b, h, d, s, splits, frange]` (or with
+/// `qsplit` after them), `ntrans` `[b, n]`.
 #[pyfunction]
 fn zoo_json(name: &str, dtype: &str, params: Vec<usize>) -> PyResult<(String, String)> {
     let dt: DType = parse_dtype("zoo_json", dtype)?;
@@ -184,6 +185,7 @@ fn zoo_json(name: &str, dtype: &str, params: Vec<usize>) -> PyResult<(String, St
         "attention" => zoo::attention(attn(p)?, false, dt),
         "qknorm_attention" => zoo::attention(attn(p)?, true, dt),
         "attention_online" => zoo::attention_online(attn(p)?, dt),
+        "attention_one_kernel" => zoo::attention_one_kernel(attn(p)?, dt),
         "qnorm_attention_online" => zoo::qnorm_attention_online(attn(p)?, dt),
         "qknorm_attention_online" => zoo::qknorm_attention_online(attn(p)?, dt),
         "ntrans" => {

@@ -5,7 +5,7 @@
 
 use mirage_codegen::{generate, Options};
 use mirage_ugraph::zoo::{self, Attn};
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph, UnaryOp};
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph};
 
 /// The source of the first customized kernel of `g` for sm_90.
 fn kernel_source(g: &KernelGraph) -> String {
@@ -182,33 +182,11 @@ fn attention_runs_on_warpgroup_tensor_cores_on_sm_90() {
     }
 }
 
-/// softmax(Q K) V in one kernel with blocks of `rows` query rows (128 threads) over 1024 keys,
-/// 128 an iteration, saving only O / l: no running max leaves the loop (the search's MQA
-/// form).
+/// softmax(Q K) V in one kernel (`zoo::attention_one_kernel`) with blocks of `rows` of 128
+/// query rows (128 threads) over 1024 keys, 128 an iteration: no running max leaves the loop.
 fn one_kernel_attention(rows: usize) -> KernelGraph {
-    let (b, m, n, d) = (2, 128, 1024, 64);
-    let mut g = KernelGraph::new();
-    let ins: Vec<_> = [[b, m, d], [b, d, n], [b, n, d]]
-        .iter()
-        .map(|s| g.new_input(s, DType::Float16, None).expect("input"))
-        .collect();
-    let mut k = BlockGraph::new([b, m / rows, 1], [128, 1, 1], n / 128, d).expect("block graph");
-    let q = k.new_input(&[b, m, d], DType::Float16, [0, 1, -1], -1).expect("q");
-    let kt = k.new_input(&[b, d, n], DType::Float16, [0, -1, -1], 2).expect("k");
-    let v = k.new_input(&[b, n, d], DType::Float16, [0, -1, -1], 1).expect("v");
-    let s = k.matmul(q, kt).expect("s");
-    let (mx, diff) = k.reduction_max(s, 2).expect("max");
-    let sh = k.binary(BinaryOp::Sub, s, mx).expect("sub");
-    let e = k.unary(UnaryOp::Exp, sh).expect("exp");
-    let scale = k.unary(UnaryOp::Exp, diff).expect("exp");
-    let ev = k.matmul(e, v).expect("pv");
-    let o = k.forloop_accum_rescale(ev, scale, Accum::None).expect("o");
-    let l = k.forloop_accum_rescale(e, scale, Accum::Sum).expect("l");
-    let out = k.binary(BinaryOp::Div, o, l).expect("div");
-    k.new_output(out, [0, 1, -1], -1).expect("output");
-    let outs = g.customized(&ins, k).expect("customized");
-    g.mark_output(outs[0], None).expect("mark");
-    g
+    let a = Attn { b: 2, h: 128, d: 64, s: 1024, splits: 1, frange: 8, qsplit: 128 / rows };
+    zoo::attention_one_kernel(a, DType::Float16).expect("zoo").ugraph
 }
 
 #[test]

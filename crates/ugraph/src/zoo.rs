@@ -2,7 +2,7 @@
 //! µGraph the reference reports for it (mirage-facts section 2). Used by the example, benches,
 //! the verifier's acceptance tests and the search's structure tests.
 
-use crate::error::Result;
+use crate::error::{invalid, Result};
 use crate::kernel::{KernelGraph, TensorId};
 use crate::ops::{Accum, BinaryOp, UnaryOp};
 use crate::types::DType;
@@ -211,6 +211,32 @@ pub fn qnorm_attention_online(a: Attn, dt: DType) -> Result<Pair> {
 /// before `P V`.
 pub fn qknorm_attention_online(a: Attn, dt: DType) -> Result<Pair> {
     online(a, true, true, dt)
+}
+
+/// Attention in one kernel, the form the search finds for MQA: online softmax over the keys
+/// in the loop (`splits` must be 1), O / l after it; no running max is saved.
+pub fn attention_one_kernel(a: Attn, dt: DType) -> Result<Pair> {
+    if a.splits != 1 {
+        return invalid(
+            "attention_one_kernel",
+            format!("splits {} must be 1 (keys are split only by the loop)", a.splits),
+        );
+    }
+    let reference = attention_reference(a, false, false, dt)?;
+    let (mut g, v, mut k1, [tq, tk, tv]) = flash_kernel1(a, dt)?;
+    let s = k1.matmul(tq, tk)?;
+    let (mx, diff) = k1.reduction_max(s, 2)?;
+    let shifted = k1.binary(BinaryOp::Sub, s, mx)?;
+    let e = k1.unary(UnaryOp::Exp, shifted)?;
+    let scale = k1.unary(UnaryOp::Exp, diff)?;
+    let ev = k1.matmul(e, tv)?;
+    let o = k1.forloop_accum_rescale(ev, scale, Accum::None)?;
+    let l = k1.forloop_accum_rescale(e, scale, Accum::Sum)?;
+    let out = k1.binary(BinaryOp::Div, o, l)?;
+    k1.new_output(out, [0, -1, 1], -1)?;
+    let outs = g.customized(&v, k1)?;
+    g.mark_output(outs[0], None)?;
+    Ok(Pair { name: "attention_one_kernel".into(), reference, ugraph: g })
 }
 
 fn online(a: Attn, qnorm: bool, vnorm: bool, dt: DType) -> Result<Pair> {

@@ -59,6 +59,13 @@ fn qknorm_attention_online_softmax() {
 }
 
 #[test]
+fn attention_in_one_kernel() {
+    check(zoo::attention_one_kernel(zoo::Attn { splits: 1, ..SMALL_ATTN }, F).unwrap());
+    // Its keys are split by the loop only.
+    assert!(zoo::attention_one_kernel(SMALL_ATTN, F).is_err());
+}
+
+#[test]
 fn ntrans_one_kernel() {
     check(zoo::ntrans(3, 64, F).unwrap());
 }

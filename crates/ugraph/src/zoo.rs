@@ -6,7 +6,7 @@ use crate::error::{invalid, Result};
 use crate::kernel::{KernelGraph, TensorId};
 use crate::ops::{Accum, BinaryOp, UnaryOp};
 use crate::types::DType;
-use crate::BlockGraph;
+use crate::{BlockGraph, STensorId};
 
 /// A plain program and an equivalent µGraph with the same inputs in the same order.
 #[derive(Debug, Clone)]
@@ -224,19 +224,32 @@ pub fn attention_one_kernel(a: Attn, dt: DType) -> Result<Pair> {
     }
     let reference = attention_reference(a, false, false, dt)?;
     let (mut g, v, mut k1, [tq, tk, tv]) = flash_kernel1(a, dt)?;
-    let s = k1.matmul(tq, tk)?;
-    let (mx, diff) = k1.reduction_max(s, 2)?;
-    let shifted = k1.binary(BinaryOp::Sub, s, mx)?;
-    let e = k1.unary(UnaryOp::Exp, shifted)?;
-    let scale = k1.unary(UnaryOp::Exp, diff)?;
-    let ev = k1.matmul(e, tv)?;
-    let o = k1.forloop_accum_rescale(ev, scale, Accum::None)?;
-    let l = k1.forloop_accum_rescale(e, scale, Accum::Sum)?;
+    let (o, l, _) = online_loop(&mut k1, tq, tk, tv)?;
     let out = k1.binary(BinaryOp::Div, o, l)?;
     k1.new_output(out, [0, -1, 1], -1)?;
     let outs = g.customized(&v, k1)?;
     g.mark_output(outs[0], None)?;
     Ok(Pair { name: "attention_one_kernel".into(), reference, ugraph: g })
+}
+
+/// The online-softmax loop body of attention over per-iteration tiles K and V: the
+/// accumulators of P V and of the row sums, each rescaled by exp(change of the max), and the
+/// iteration's row max.
+fn online_loop(
+    k1: &mut BlockGraph,
+    q: STensorId,
+    k: STensorId,
+    v: STensorId,
+) -> Result<(STensorId, STensorId, STensorId)> {
+    let s = k1.matmul(q, k)?;
+    let (mx, diff) = k1.reduction_max(s, 2)?;
+    let shifted = k1.binary(BinaryOp::Sub, s, mx)?;
+    let e = k1.unary(UnaryOp::Exp, shifted)?;
+    let scale = k1.unary(UnaryOp::Exp, diff)?;
+    let ev = k1.matmul(e, v)?;
+    let o = k1.forloop_accum_rescale(ev, scale, Accum::None)?;
+    let l = k1.forloop_accum_rescale(e, scale, Accum::Sum)?;
+    Ok((o, l, mx))
 }
 
 fn online(a: Attn, qnorm: bool, vnorm: bool, dt: DType) -> Result<Pair> {
@@ -245,14 +258,7 @@ fn online(a: Attn, qnorm: bool, vnorm: bool, dt: DType) -> Result<Pair> {
     let (mut g, v, mut k1, [tq, tk, tv]) = flash_kernel1(a, dt)?;
     let tq = if qnorm { k1.rms_norm(tq)? } else { tq };
     let tv = if vnorm { k1.rms_norm(tv)? } else { tv };
-    let a = k1.matmul(tq, tk)?;
-    let (mx, diff) = k1.reduction_max(a, 2)?;
-    let shifted = k1.binary(BinaryOp::Sub, a, mx)?;
-    let e = k1.unary(UnaryOp::Exp, shifted)?;
-    let scale = k1.unary(UnaryOp::Exp, diff)?;
-    let ev = k1.matmul(e, tv)?;
-    let acc_o = k1.forloop_accum_rescale(ev, scale, Accum::None)?;
-    let acc_l = k1.forloop_accum_rescale(e, scale, Accum::Sum)?;
+    let (acc_o, acc_l, mx) = online_loop(&mut k1, tq, tk, tv)?;
     let acc_m = k1.forloop_accum_max(mx)?;
     k1.new_output(acc_o, [0, 2, 1], -1)?;
     k1.new_output(acc_l, [0, 2, 1], -1)?;

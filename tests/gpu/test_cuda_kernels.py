@@ -4,6 +4,8 @@ checks of the CUDA path. Needs a CUDA GPU (marked ``gpu``; skipped elsewhere).
 
 from __future__ import annotations
 
+import json
+
 import mirage as mi
 import pytest
 import torch
@@ -295,15 +297,29 @@ def test_online_attention_large_logits():
         assert _rel(out, expect) < 1e-2
 
 
-@pytest.mark.parametrize("rows,keys", [(64, 128), (64, 64), (32, 128)])
-def test_online_attention_growing_logits(rows, keys):
+@pytest.mark.parametrize(
+    "rows,keys,threads", [(64, 128, 128), (64, 64, 128), (32, 128, 128), (128, 64, 256)]
+)
+def test_online_attention_growing_logits(rows, keys, threads):
     # Logits that grow along the keys, from about 0 to about 40: later key blocks pass the
     # reference max by far more than the rescale threshold, so the loop must rescale mid-way
     # (64 rows: the warpgroup form, which without a saved running max tests for it on the
-    # packed P; 32 rows: the mma.sync form). exp(40) overflows fp16: a missed rescale shows.
+    # packed P; 32 rows: the mma.sync form; 128 rows of 256 threads: two warpgroups sharing
+    # 64-key stages, skewed half a step). exp(40) overflows fp16: a missed rescale shows.
     b, m, n = 2, 128, 1024
     # softmax(Q K) V in one kernel (the search's MQA form): only O / l leaves the loop.
-    _, g = _zoo("attention_one_kernel", "float16", [b, m, 64, n, 1, n // keys, m // rows])
+    _, ug = _core.zoo_json(
+        "attention_one_kernel", "float16", [b, m, 64, n, 1, n // keys, m // rows]
+    )
+    doc = json.loads(ug)
+    for op in doc.get("graph", doc)["ops"]:
+        if op["kind"]["kind"] == "customized":
+            op["kind"]["graph"]["block_dim"] = [threads, 1, 1]
+    g = mi.from_json(json.dumps(doc))
+    if threads == 256:
+        src, _ = _core.cuda_generate(g._core, 90)
+        assert "constexpr int NT = 256;" in src and "fa.step<true>(" in src
+        assert "mi::FlashWG<NT, 1, 128, 64, 64," in src
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(b, m, 64, generator=gen).abs() + 0.5
     k = torch.rand(b, 64, n, generator=gen) * torch.linspace(0.0, 1.0, n)

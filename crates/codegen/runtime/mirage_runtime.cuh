@@ -1903,8 +1903,64 @@ struct FlashWG {
   // without AHEAD) computes the first block's S here.
   // `between(j)` runs after block j's P V is issued, beside it (the tensor cores busy): work
   // of the loop's own for the next iteration (QK-norm's next V stage, normalised a part a block).
+  //
+  // Skewed warpgroups (AHEAD, one block a step, an even number of warpgroups): the odd
+  // warpgroups run half a step behind the even ones, so one's exponentials run while the
+  // other's wgmma do instead of both at once. Every warpgroup issues P V and the next S
+  // together after its softmax; an odd one keeps its P (`ph`) across the block barrier
+  // that starts each iteration and does the next block's softmax after its wgmma, so it
+  // reaches that barrier having done the exponentials the even ones do after it. The tiles
+  // each warpgroup reads between two barriers are the same as without the skew (V of this
+  // iteration, K of the next). `last`: no softmax after the last iteration's wgmma.
+  static constexpr bool SKEW = NB == 1 && NWG % 2 == 0;
+  unsigned ph[RG][NFC / 2][4];  // an odd warpgroup's P of the current block (SKEW)
+
   template <bool AHEAD, class F = NoOp>
-  __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, const T* Kn, bool first, F between = F()) {
+  __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, const T* Kn, bool first, bool last,
+                                       F between = F()) {
+    if constexpr (AHEAD && SKEW) {
+      const bool lag = ((lin_tid() >> 7) % NWG) & 1;
+      auto rescale_wait = [] {};  // no P V is in flight during a softmax here
+      if (first) {
+        qp = Q + bt * M * LDQ;
+        qa = (unsigned)__cvta_generic_to_shared(qp + (row0 + (lane & 15)) * LDQ + (lane >> 4) * 8);
+        qk(K, 0, s);
+        wg_wait<0>();
+#pragma unroll
+        for (int r = 0; r < RG; ++r) wg_pin(s[r]);
+        if (lag) st.template softmax<NFC, T>(s, ph, rescale_wait);
+      }
+      if (!lag) st.template softmax<NFC, T>(s, ph, rescale_wait);
+      // P is a wgmma A operand that an odd warpgroup carries around the loop: kept live here
+      // (see `qk` on ptxas reusing such registers).
+#pragma unroll
+      for (int r = 0; r < RG; ++r)
+#pragma unroll
+        for (int kk = 0; kk < NFC / 2; ++kk)
+          asm volatile("" : "+r"(ph[r][kk][0]), "+r"(ph[r][kk][1]), "+r"(ph[r][kk][2]), "+r"(ph[r][kk][3])::"memory");
+      const unsigned vd = wg_desc_lo((unsigned)__cvta_generic_to_shared(V) + (bt * N + slice * NK) * 128);
+      wg_fence();
+#pragma unroll
+      for (int r = 0; r < RG; ++r)
+#pragma unroll
+        for (int kk = 0; kk < NFC / 2; ++kk) wgmma_m64n64k16<T>(st.o[r], ph[r][kk], wg_desc_sw128(vd + kk * 128), 1);
+      wg_commit();
+      float sn[RG][NFC][4];
+      qk(Kn, 0, sn);
+      between(0);
+      wg_wait<0>();
+#pragma unroll
+      for (int r = 0; r < RG; ++r) {
+        wg_pin(st.o[r]);
+        wg_pin(sn[r]);
+#pragma unroll
+        for (int f = 0; f < NFC; ++f)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[r][f][e] = sn[r][f][e];
+      }
+      if (lag && !last) st.template softmax<NFC, T>(s, ph, rescale_wait);
+      return;
+    }
     if (first) {
       qp = Q + bt * M * LDQ;
       qa = (unsigned)__cvta_generic_to_shared(qp + (row0 + (lane & 15)) * LDQ + (lane >> 4) * 8);

@@ -1881,9 +1881,13 @@ impl Ctx<'_> {
                     // lookahead across iterations (each step starts its own S).
                     let (st, elems) = (self.stages, self.stage_elems(f.k));
                     if self.wg_lookahead() {
-                        wl!(s, "fa.step<true>({q}, {k}, {v}, {k}_st + ((it + 1) % {st}) * {elems}, it == 0{between});");
+                        wl!(
+                            s,
+                            "fa.step<true>({q}, {k}, {v}, {k}_st + ((it + 1) % {st}) * {elems}, it == 0, it + 1 == {}{between});",
+                            bg.forloop_range
+                        );
                     } else {
-                        wl!(s, "fa.step<false>({q}, {k}, {v}, nullptr, true);");
+                        wl!(s, "fa.step<false>({q}, {k}, {v}, nullptr, true, false);");
                     }
                 } else {
                     wl!(s, "fa.step({q}, {k}, {v}, it == 0);");

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use mirage_codegen::{generate, nvrtc, Options};
 use mirage_ugraph::zoo::{self, Attn};
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph, UnaryOp};
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph, KernelOpKind, UnaryOp};
 
 /// Points NVRTC discovery at the repository's virtualenv when nothing else is configured.
 fn setup() -> bool {
@@ -244,6 +244,31 @@ fn cluster_split_attention_compiles() {
         assert!(p.kernels.iter().any(|k| k.cluster == [1, 2, 1]), "{}", p.launch_summary());
         if let Err(e) = nvrtc::compile(&p.source, 90) {
             panic!("cluster split ({}) failed to compile: {e}", dt.name());
+        }
+    }
+}
+
+#[test]
+fn skewed_warpgroup_attention_compiles() {
+    // Two warpgroups over 128 rows sharing 64-key stages (three stages or more: lookahead):
+    // the skewed form of `FlashWG::step` (the odd warpgroup half a step behind).
+    if !setup() {
+        return;
+    }
+    for dt in [DType::Float16, DType::Bfloat16] {
+        let a = Attn { b: 2, h: 128, d: 64, s: 1024, splits: 1, frange: 16, qsplit: 1 };
+        let mut g = zoo::attention_one_kernel(a, dt).unwrap().ugraph;
+        for op in &mut g.ops {
+            if let KernelOpKind::Customized { graph } = &mut op.kind {
+                graph.block_dim = [256, 1, 1];
+            }
+        }
+        let p = generate(&g, &Options::for_arch(90)).unwrap();
+        assert!(p.source.contains("constexpr int NT = 256;"), "{}", p.launch_summary());
+        assert!(p.source.contains("mi::FlashWG<NT, 1, 128, 64, 64,"), "{}", p.launch_summary());
+        assert!(p.source.contains("fa.step<true>("), "no lookahead: {}", p.launch_summary());
+        if let Err(e) = nvrtc::compile(&p.source, 90) {
+            panic!("skewed attention ({}) failed to compile: {e}", dt.name());
         }
     }
 }

@@ -363,7 +363,7 @@ class KNGraph:
           ranges), ``"lora"`` (one customized kernel), ``None`` (the search's defaults), or a
           dict of advanced settings (``mirage.search.CONFIG_KEYS``, e.g.
           ``{"preset": "mlp", "max_block_ops": 9}``).
-        * ``backend="cuda"``: with a CUDA device, up to 48 candidates verified as numerically
+        * ``backend="cuda"``: with a CUDA device, up to 64 candidates verified as numerically
           stable (spread over structures and launch shapes) are compiled and timed
           (``warmup_iters`` warm-up launches, ``profile_iters`` timed ones, median) and the
           fastest is returned (a candidate whose first timed replay is over twice the fastest

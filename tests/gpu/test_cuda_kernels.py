@@ -298,14 +298,16 @@ def test_online_attention_large_logits():
 
 
 @pytest.mark.parametrize(
-    "rows,keys,threads", [(64, 128, 128), (64, 64, 128), (32, 128, 128), (128, 64, 256)]
+    "rows,keys,threads",
+    [(64, 128, 128), (64, 64, 128), (32, 128, 128), (128, 64, 256), (128, 128, 256)],
 )
 def test_online_attention_growing_logits(rows, keys, threads):
     # Logits that grow along the keys, from about 0 to about 40: later key blocks pass the
     # reference max by far more than the rescale threshold, so the loop must rescale mid-way
     # (64 rows: the warpgroup form, which without a saved running max tests for it on the
     # packed P; 32 rows: the mma.sync form; 128 rows of 256 threads: two warpgroups sharing
-    # 64-key stages, skewed half a step). exp(40) overflows fp16: a missed rescale shows.
+    # K and V stages, with 64 keys an iteration skewed half a step, with 128 in lockstep).
+    # exp(40) overflows fp16: a missed rescale shows.
     b, m, n = 2, 128, 1024
     # softmax(Q K) V in one kernel (the search's MQA form): only O / l leaves the loop.
     _, ug = _core.zoo_json(
@@ -318,8 +320,9 @@ def test_online_attention_growing_logits(rows, keys, threads):
     g = mi.from_json(json.dumps(doc))
     if threads == 256:
         src, _ = _core.cuda_generate(g._core, 90)
-        assert "constexpr int NT = 256;" in src and "fa.step<true>(" in src
-        assert "mi::FlashWG<NT, 1, 128, 64, 64," in src
+        assert "constexpr int NT = 256;" in src and f"mi::FlashWG<NT, 1, 128, 64, {keys}," in src
+        # The skew needs the lookahead (three stages or more), which 64-key stages get here.
+        assert ("fa.step<true>(" in src) == (keys == 64)
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(b, m, 64, generator=gen).abs() + 0.5
     k = torch.rand(b, 64, n, generator=gen) * torch.linspace(0.0, 1.0, n)

@@ -1896,6 +1896,27 @@ struct FlashWG {
     wg_commit();
   }
 
+  // The first step: this batch item's Q (loop-invariant) and S of the first block, waited for.
+  __device__ __forceinline__ void begin(const TQ* Q, const T* K) {
+    qp = Q + bt * M * LDQ;
+    qa = (unsigned)__cvta_generic_to_shared(qp + (row0 + (lane & 15)) * LDQ + (lane >> 4) * 8);
+    qk(K, 0, s);
+    wg_wait<0>();
+#pragma unroll
+    for (int r = 0; r < RG; ++r) wg_pin(s[r]);
+  }
+
+  // O += P V over block j of this slice's keys, issued as one wgmma group (not waited for).
+  __device__ __forceinline__ void pv(const unsigned (&p)[RG][NFC / 2][4], const T* V, int j) {
+    const unsigned vd = wg_desc_lo((unsigned)__cvta_generic_to_shared(V) + (bt * N + slice * NK + j * NKB) * 128);
+    wg_fence();
+#pragma unroll
+    for (int r = 0; r < RG; ++r)
+#pragma unroll
+      for (int kk = 0; kk < NFC / 2; ++kk) wgmma_m64n64k16<T>(st.o[r], p[r][kk], wg_desc_sw128(vd + kk * 128), 1);
+    wg_commit();
+  }
+
   // One iteration over K and V. With AHEAD, `Kn` is the next iteration's K tile, which must
   // already be in shared memory (at the last iteration any K-shaped tile: that S is never
   // used, and issuing it anyway keeps every wgmma group unconditional: GQA b=8 in the H100
@@ -1922,12 +1943,7 @@ struct FlashWG {
       const bool lag = ((lin_tid() >> 7) % NWG) & 1;
       auto rescale_wait = [] {};  // no P V is in flight during a softmax here
       if (first) {
-        qp = Q + bt * M * LDQ;
-        qa = (unsigned)__cvta_generic_to_shared(qp + (row0 + (lane & 15)) * LDQ + (lane >> 4) * 8);
-        qk(K, 0, s);
-        wg_wait<0>();
-#pragma unroll
-        for (int r = 0; r < RG; ++r) wg_pin(s[r]);
+        begin(Q, K);
         if (lag) st.template softmax<NFC, T>(s, ph, rescale_wait);
       }
       if (!lag) st.template softmax<NFC, T>(s, ph, rescale_wait);
@@ -1938,13 +1954,7 @@ struct FlashWG {
 #pragma unroll
         for (int kk = 0; kk < NFC / 2; ++kk)
           asm volatile("" : "+r"(ph[r][kk][0]), "+r"(ph[r][kk][1]), "+r"(ph[r][kk][2]), "+r"(ph[r][kk][3])::"memory");
-      const unsigned vd = wg_desc_lo((unsigned)__cvta_generic_to_shared(V) + (bt * N + slice * NK) * 128);
-      wg_fence();
-#pragma unroll
-      for (int r = 0; r < RG; ++r)
-#pragma unroll
-        for (int kk = 0; kk < NFC / 2; ++kk) wgmma_m64n64k16<T>(st.o[r], ph[r][kk], wg_desc_sw128(vd + kk * 128), 1);
-      wg_commit();
+      pv(ph, V, 0);
       float sn[RG][NFC][4];
       qk(Kn, 0, sn);
       between(0);
@@ -1961,14 +1971,7 @@ struct FlashWG {
       if (lag && !last) st.template softmax<NFC, T>(s, ph, rescale_wait);
       return;
     }
-    if (first) {
-      qp = Q + bt * M * LDQ;
-      qa = (unsigned)__cvta_generic_to_shared(qp + (row0 + (lane & 15)) * LDQ + (lane >> 4) * 8);
-      qk(K, 0, s);
-      wg_wait<0>();
-#pragma unroll
-      for (int r = 0; r < RG; ++r) wg_pin(s[r]);
-    }
+    if (first) begin(Q, K);
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
       const bool more = j + 1 < NB || AHEAD;
@@ -1988,14 +1991,7 @@ struct FlashWG {
           for (int r = 0; r < RG; ++r) wg_pin(st.o[r]);
         }
       });
-      const unsigned vd =
-          wg_desc_lo((unsigned)__cvta_generic_to_shared(V) + (bt * N + slice * NK + j * NKB) * 128);
-      wg_fence();
-#pragma unroll
-      for (int r = 0; r < RG; ++r)
-#pragma unroll
-        for (int kk = 0; kk < NFC / 2; ++kk) wgmma_m64n64k16<T>(st.o[r], pa[r][kk], wg_desc_sw128(vd + kk * 128), 1);
-      wg_commit();
+      pv(pa, V, j);
       between(j);
       // With QSS, a block followed by another of this step retires only the next S (committed
       // before this P V), so P V runs on beside the next softmax. (With Q's fragments loaded

@@ -336,3 +336,25 @@ def test_save_codes_writes_cuda_source(tmp_path, cache):
     files = list(out.glob("*.cu"))
     assert len(files) == 1 and best.hash()[:16] in files[0].name
     assert "__global__" in files[0].read_text()
+
+
+def test_gpu_profiling_reaches_long_streaming_loops():
+    # RMSNorm+Linear 2x4096 @ 4096x6144 (the paper's b=1): on the H100 its fastest form runs
+    # 128 blocks over 32 loop steps of 128-wide K tiles, which the cost model ranks behind the
+    # 16-step forms (it charges each step as a chain). The candidates a GPU would time (the
+    # settings superoptimize uses with an H100: 3/4 of its 227 KiB, spread order) include it.
+    g = rmsnorm_linear(2, 4096, 6144)
+    settings = {
+        **search._resolve_config("mlp"),
+        "verify_top_n": search._GPU_TOP_N,
+        "verify_spread": True,
+        "shared_memory_limit": 232448 * 3 // 4,
+    }
+    found = search.search_candidates(g, settings, num_threads=2)
+    forms = set()
+    for c in found["candidates"]:
+        for op in json.loads(c["graph"])["graph"]["ops"]:
+            if op["kind"]["kind"] == "customized":
+                bg = op["kind"]["graph"]
+                forms.add((tuple(bg["grid_dim"]), bg["forloop_range"]))
+    assert ((128, 1, 1), 32) in forms, sorted(forms)

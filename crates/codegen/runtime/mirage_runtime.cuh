@@ -1906,6 +1906,15 @@ struct FlashWG {
     for (int r = 0; r < RG; ++r) wg_pin(s[r]);
   }
 
+  // The next block's S (retired) becomes the current one: row group r.
+  __device__ __forceinline__ void take(float (&sn)[RG][NFC][4], int r) {
+    wg_pin(sn[r]);
+#pragma unroll
+    for (int f = 0; f < NFC; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[r][f][e] = sn[r][f][e];
+  }
+
   // O += P V over block j of this slice's keys, issued as one wgmma group (not waited for).
   __device__ __forceinline__ void pv(const unsigned (&p)[RG][NFC / 2][4], const T* V, int j) {
     const unsigned vd = wg_desc_lo((unsigned)__cvta_generic_to_shared(V) + (bt * N + slice * NK + j * NKB) * 128);
@@ -1940,13 +1949,13 @@ struct FlashWG {
   __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, const T* Kn, bool first, bool last,
                                        F between = F()) {
     if constexpr (AHEAD && SKEW) {
+      // No P V is in flight during a softmax here: nothing to wait for before a rescale.
       const bool lag = ((lin_tid() >> 7) % NWG) & 1;
-      auto rescale_wait = [] {};  // no P V is in flight during a softmax here
       if (first) {
         begin(Q, K);
-        if (lag) st.template softmax<NFC, T>(s, ph, rescale_wait);
+        if (lag) st.template softmax<NFC, T>(s, ph);
       }
-      if (!lag) st.template softmax<NFC, T>(s, ph, rescale_wait);
+      if (!lag) st.template softmax<NFC, T>(s, ph);
       // P is a wgmma A operand that an odd warpgroup carries around the loop: kept live here
       // (see `qk` on ptxas reusing such registers).
 #pragma unroll
@@ -1962,13 +1971,9 @@ struct FlashWG {
 #pragma unroll
       for (int r = 0; r < RG; ++r) {
         wg_pin(st.o[r]);
-        wg_pin(sn[r]);
-#pragma unroll
-        for (int f = 0; f < NFC; ++f)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[r][f][e] = sn[r][f][e];
+        take(sn, r);
       }
-      if (lag && !last) st.template softmax<NFC, T>(s, ph, rescale_wait);
+      if (lag && !last) st.template softmax<NFC, T>(s, ph);
       return;
     }
     if (first) begin(Q, K);
@@ -2006,13 +2011,7 @@ struct FlashWG {
 #pragma unroll
       for (int r = 0; r < RG; ++r) {
         if (!overlap) wg_pin(st.o[r]);
-        if (more) {
-          wg_pin(sn[r]);
-#pragma unroll
-          for (int f = 0; f < NFC; ++f)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[r][f][e] = sn[r][f][e];
-        }
+        if (more) take(sn, r);
       }
     }
   }

@@ -338,6 +338,42 @@ def test_online_attention_growing_logits(rows, keys, threads):
     assert _rel(out, expect) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n,growing", [(256, False), (384, False), (640, True), (1024, True)])
+def test_warp_specialised_attention(dtype, n, growing):
+    # The warp-specialised loop (two consumer warpgroups over 128 rows, a producer warpgroup
+    # filling 128-key stages; 128 blocks, one wave) at 2, 3, 5 and 8 iterations: the first,
+    # paired and odd tails of `run_ws`, and stages reused across mbarrier phases. Growing
+    # logits (about 0 to 40 along the keys) make the loop rescale O while a P V is still
+    # accumulating into it; exp(40) overflows fp16, so a missed rescale shows.
+    b, m = 128, 128
+    _, ug = _core.zoo_json("attention_one_kernel", dtype, [b, m, 64, n, 1, n // 128, 1])
+    doc = json.loads(ug)
+    for op in doc.get("graph", doc)["ops"]:
+        if op["kind"]["kind"] == "customized":
+            op["kind"]["graph"]["block_dim"] = [256, 1, 1]
+    g = mi.from_json(json.dumps(doc))
+    src, info = _core.cuda_generate(g._core, 90)
+    assert "fa.run_ws<" in src and '"block":[384,1,1]' in info
+    tdt = torch.float16 if dtype == "float16" else torch.bfloat16
+    gen = torch.Generator().manual_seed(n)
+    q = torch.randn(b, m, 64, generator=gen) * 0.3
+    k = torch.randn(b, 64, n, generator=gen)
+    v = torch.randn(b, n, 64, generator=gen)
+    if growing:
+        q = q.abs() + 0.5
+        k = torch.rand(b, 64, n, generator=gen) * torch.linspace(0.0, 1.0, n)
+        q = q * (40.0 / (q @ k).amax())
+    cpu = [t.to(tdt) for t in (q, k, v)]
+    logits = cpu[0].double() @ cpu[1].double()
+    if growing:
+        assert float(logits[..., -1].min()) > 20.0 and float(logits[..., :64].max()) < 5.0
+    expect = torch.softmax(logits, -1) @ cpu[2].double()
+    (out,) = _cuda.run(g, [t.cuda() for t in cpu], poison=True)
+    assert torch.isfinite(out).all()
+    assert _rel(out, expect) < 1e-2
+
+
 def test_input_checks():
     g = mi.new_kernel_graph()
     x = g.new_input((4, 8), dtype=mi.float16)

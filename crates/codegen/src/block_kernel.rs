@@ -96,6 +96,8 @@ pub(crate) struct Emitted {
     /// Blocks per thread-block cluster along each grid axis (all 1: no clusters). The kernel
     /// is launched with the block graph's grid times this.
     pub cluster: [usize; 3],
+    /// Threads the kernel adds to the block graph's (a producer warpgroup: 128, else 0).
+    pub extra_threads: usize,
 }
 
 struct Ctx<'a> {
@@ -123,6 +125,8 @@ struct Ctx<'a> {
     /// Per op: the shared scratch (byte offset, bytes) of the `finish` of its register
     /// accumulator (`mi::MmaAcc` of a loop matmul's accumulator, `mi::RowSumAcc`).
     acc_scratch: Vec<Option<(usize, usize)>>,
+    /// Warp-specialised loop (`FlashWG::run_ws`): the byte offset of its stage mbarriers.
+    ws: Option<usize>,
 }
 
 /// How an input tile sits in shared memory.
@@ -226,6 +230,14 @@ enum FlashMode {
     /// `mi::FlashWG` (wgmma, sm_90a).
     Wgmma,
 }
+
+/// Threads of the producer warpgroup a warp-specialised loop adds (`FlashWG::run_ws`).
+const WS_PRODUCER_THREADS: usize = 128;
+/// Registers a thread of that producer keeps (`setmaxnreg`; it only copies).
+const WS_PRODUCER_REGS: usize = 24;
+/// Registers each of the 256 consumer threads then takes: 24 * 128 + 240 * 256 of the SM's
+/// 65536 (at 232, ptxas spilled S and MQA b=16 took 39.6 instead of 38.3 us).
+const WS_CONSUMER_REGS: usize = 240;
 
 /// Alignment of the attention's K and V tiles under the wgmma form (the 128-byte swizzle
 /// repeats every 1024 bytes and is taken from address bits).
@@ -932,7 +944,7 @@ fn emit_with(
     {
         return Ok(None);
     }
-    let ctx = Ctx {
+    let mut ctx = Ctx {
         bg,
         ins,
         outs,
@@ -947,13 +959,22 @@ fn emit_with(
         cluster,
         merged_by_step,
         acc_scratch: acc_scratch_at,
+        ws: None,
     };
     // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.
     let has_matmul = steps.iter().any(|(_, st)| matches!(st, Step::Matmul { .. }));
     let scratch = if has_matmul { Some(smem_bytes) } else { None };
-    let total = smem_bytes + if has_matmul { nt * 16 } else { 0 };
+    let mut total = smem_bytes + if has_matmul { nt * 16 } else { 0 };
+    // The warp-specialised loop's full and empty mbarriers (8 bytes each a stage) after it all.
+    let mut extra_threads = 0;
+    if ctx.warp_specialised(&steps) {
+        let off = total.next_multiple_of(8);
+        total = off + 16 * ctx.stages;
+        ctx.ws = Some(off);
+        extra_threads = WS_PRODUCER_THREADS;
+    }
     let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, scratch, total)?;
-    Ok(Some(Emitted { source: src, smem_bytes: total, cluster: [1; 3] }))
+    Ok(Some(Emitted { source: src, smem_bytes: total, cluster: [1; 3], extra_threads }))
 }
 
 /// Whether an accumulator is finalised after the loop (a mean or an rms: `Step::Finalize`).
@@ -1180,6 +1201,101 @@ impl Ctx<'_> {
         self.flash.as_ref().is_some_and(|(f, _)| f.wg.is_some()) && self.stages >= 3
     }
 
+    /// Whether the loop takes the warp-specialised form (`FlashWG::run_ws`, a producer
+    /// warpgroup filling the stages for two consumer warpgroups of 64 rows each, no block
+    /// barrier in the loop): a one-wave wgmma attention region of one row group a warpgroup,
+    /// no key slices or cluster split, Q by descriptor, 128 keys an iteration, no V
+    /// normalisation and no running-max output, whose loop holds nothing but the region and
+    /// its staged K and V, and whose other steps are loads, element-wise groups and saves
+    /// (they run on the consumers alone, with a consumer barrier for the block's).
+    fn warp_specialised(&self, steps: &[(Section, Step)]) -> bool {
+        let Some((f, _)) = &self.flash else { return false };
+        let qss = self.layout[f.q].is_some_and(|l| l.swz.is_some());
+        f.wg == Some((1, 1))
+            && f.one_wave
+            && self.nt == 256
+            && self.bg.block_dim[1..].iter().all(|&d| d == 1)
+            && f.batch == 1
+            && f.m == 128
+            && f.d == 64
+            && f.n == 128
+            && qss
+            && f.x.is_none()
+            && !f.v_norm
+            && self.cluster == 1
+            && self.stages >= 2
+            && steps.iter().all(|&(sec, st)| match st {
+                Step::Load { op, .. } => {
+                    let staged = self.layout[self.bg.ops[op].outputs[0]].is_some_and(|l| l.staged);
+                    staged == (sec == Section::Loop)
+                }
+                Step::Flash => sec == Section::Loop,
+                Step::FlashEnd | Step::Group { .. } | Step::GroupSave { .. } | Step::Save { .. } => {
+                    sec != Section::Loop
+                }
+                _ => false,
+            })
+    }
+
+    /// The warp-specialised form's set-up and producer (`FlashWG::run_ws`). Thread 0 sets up the
+    /// stage mbarriers at byte `off` (full: one arrival a producer thread; empty: one a
+    /// consumer warp); then the producer warpgroup (threads NT on) copies each iteration's
+    /// staged tiles into stage `it % stages` once the consumers have emptied it, and marks the
+    /// previous stage full when its own copies of it have landed (waited for, then made
+    /// visible to the tensor cores' reads: the plain stores of the unaligned path too), and
+    /// leaves; the consumers take its registers.
+    fn ws_producer(&self, off: usize, staged: &[(usize, usize, STensorId)]) -> Result<String> {
+        let (st, range) = (self.stages, self.bg.forloop_range);
+        let mut s = String::new();
+        wl!(s, "  unsigned long long* const mi_full = reinterpret_cast<unsigned long long*>(mi_smem + {off});");
+        wl!(s, "  unsigned long long* const mi_empty = mi_full + {st};");
+        wl!(s, "  if (tid == 0) {{");
+        wl!(s, "    for (int i = 0; i < {st}; ++i) {{");
+        wl!(s, "      mi::mbar_init(mi_full + i, {WS_PRODUCER_THREADS});");
+        wl!(s, "      mi::mbar_init(mi_empty + i, {});", self.nt / 32);
+        wl!(s, "    }}");
+        wl!(s, "  }}");
+        wl!(s, "  __syncthreads();");
+        wl!(s, "  if (tid >= NT) {{ // the producer");
+        wl!(s, "    mi::setmaxnreg_dec<{WS_PRODUCER_REGS}>();");
+        wl!(s, "    constexpr int NT = {WS_PRODUCER_THREADS};");
+        wl!(s, "    const int tid = mi::lin_tid() - {};", self.nt);
+        wl!(s, "#pragma unroll 1");
+        wl!(s, "    for (int it = 0; it < {range}; ++it) {{");
+        wl!(s, "      const int st = it % {st};");
+        wl!(s, "      if (it >= {st}) mi::mbar_wait(mi_empty + st, (it / {st} - 1) & 1);");
+        for &(k, op, t) in staged {
+            let dst = format!("(t{t}_st + st * {})", self.stage_elems(t));
+            for l in self.load_by(k, op, t, Some("it"), &dst, WS_PRODUCER_THREADS)?.lines() {
+                wl!(s, "      {l}");
+            }
+        }
+        wl!(s, "      mi::cp_async_commit();");
+        wl!(s, "      if (it > 0) {{");
+        wl!(s, "        mi::cp_async_wait<1>();");
+        wl!(s, "        mi::fence_proxy_async();");
+        wl!(s, "        mi::mbar_arrive(mi_full + (it - 1) % {st});");
+        wl!(s, "      }}");
+        wl!(s, "    }}");
+        wl!(s, "    mi::cp_async_wait<0>();");
+        wl!(s, "    mi::fence_proxy_async();");
+        wl!(s, "    mi::mbar_arrive(mi_full + {});", (range - 1) % st);
+        wl!(s, "    return;");
+        wl!(s, "  }}");
+        wl!(s, "  mi::setmaxnreg_inc<{WS_CONSUMER_REGS}>();");
+        Ok(s)
+    }
+
+    /// A barrier over the block's threads that run the kernel's steps (the consumers only in
+    /// the warp-specialised form, whose producer has left by then).
+    fn sync(&self) -> &'static str {
+        if self.ws.is_some() {
+            "mi::bar_sync_n<NT>();"
+        } else {
+            "__syncthreads();"
+        }
+    }
+
     fn dims(&self, t: STensorId) -> &[usize] {
         &self.bg.tensors[t].dims
     }
@@ -1332,6 +1448,11 @@ impl Ctx<'_> {
     /// the loop) into shared memory at `dst`: 16-byte `cp.async` copies when the layout allows
     /// and the pointer is aligned, element copies otherwise. The caller commits the group.
     fn load(&self, k: usize, op: usize, t: STensorId, iter: Option<&str>, dst: &str) -> Result<String> {
+        self.load_by(k, op, t, iter, dst, self.nt)
+    }
+
+    /// [`Ctx::load`] by `nt` threads (`tid` < `nt` and `NT` = `nt` in scope).
+    fn load_by(&self, k: usize, op: usize, t: STensorId, iter: Option<&str>, dst: &str, nt: usize) -> Result<String> {
         let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[op].kind else {
             return unsupported("internal error: load of a non-input op");
         };
@@ -1363,8 +1484,8 @@ impl Ctx<'_> {
             wl!(s, "  if (mi::aligned16(in{k})) {{");
             // Unsigned indices (shifts and masks for power-of-two rows); a whole number of chunks
             // per thread unrolls with the addresses hoisted out of the loop.
-            let whole = chunks.is_multiple_of(self.nt);
-            if let Some(steps) = whole.then(|| copy_steps(tile, &dev.strides, &l, self.nt, vec)).flatten() {
+            let whole = chunks.is_multiple_of(nt);
+            if let Some(steps) = whole.then(|| copy_steps(tile, &dev.strides, &l, nt, vec)).flatten() {
                 // Every copy of this thread is its first plus a constant: one address per tile.
                 wl!(s, "    const unsigned i = (unsigned)tid * {vec}u;");
                 wl!(
@@ -1379,7 +1500,7 @@ impl Ctx<'_> {
             } else {
                 if whole {
                     wl!(s, "#pragma unroll");
-                    wl!(s, "    for (int u = 0; u < {}; ++u) {{", chunks / self.nt);
+                    wl!(s, "    for (int u = 0; u < {}; ++u) {{", chunks / nt);
                     wl!(s, "      const unsigned i = (unsigned)(tid + u * NT) * {vec}u;");
                 } else {
                     wl!(s, "    for (int c = tid; c < {chunks}; c += NT) {{");
@@ -1486,7 +1607,13 @@ impl Ctx<'_> {
         let wg = self.flash.as_ref().and_then(|(f, _)| f.wg);
         let two =
             self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt == 256 && wg.is_none_or(|(_, ks)| ks == 2);
-        let bounds = if two { format!("{}, 2", self.nt) } else { self.nt.to_string() };
+        let bounds = if self.ws.is_some() {
+            format!("{}, 1", self.nt + WS_PRODUCER_THREADS)
+        } else if two {
+            format!("{}, 2", self.nt)
+        } else {
+            self.nt.to_string()
+        };
         s.push_str(&kernel_open(&bounds, name, &params, self.nt, &self.prefetches(steps)));
         wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wg.is_some() { WG_ALIGN } else { 16 });
         wl!(s, "  constexpr int NT = {};", self.nt);
@@ -1515,6 +1642,9 @@ impl Ctx<'_> {
                 );
             }
         }
+        if let Some(off) = self.ws {
+            s.push_str(&self.ws_producer(off, &staged)?);
+        }
         // Barriers only where a step reads bytes written, or writes bytes touched, since the
         // last barrier (buffers share memory across lifetimes, so this is by byte range).
         let mut dirty_w: Vec<(usize, usize)> = Vec::new();
@@ -1531,8 +1661,10 @@ impl Ctx<'_> {
         // Prologue: the first stages of every staged tile (one cp.async group per stage, empty
         // past the loop's end, so that waiting for all but the newest `stages - 2` groups
         // means "this stage").
+        // (None in the warp-specialised form: its producer issues every stage.)
         let mut prologue = String::new();
-        for st in 0..n_stages.saturating_sub(1) {
+        let prologue_stages = if self.ws.is_some() { 0 } else { n_stages.saturating_sub(1) };
+        for st in 0..prologue_stages {
             if !staged.is_empty() && st < bg.forloop_range {
                 for &(k, op, t) in &staged {
                     let dst = format!("(t{t}_st + {})", st * self.stage_elems(t));
@@ -1621,60 +1753,70 @@ impl Ctx<'_> {
                     s.push_str(&prologue);
                     prologue.clear();
                 }
-                if wg.is_some() {
-                    // Two iterations per pass let the compiler rename the S registers the
-                    // wgmma form carries a step ahead instead of copying them.
-                    wl!(s, "#pragma unroll 2");
-                }
-                wl!(s, "  for (int it = 0; it < {}; ++it) {{", bg.forloop_range);
                 in_loop = true;
-                if staged.is_empty() {
-                    // Copies issued before the loop and not yet waited for land before this
-                    // barrier, which then publishes them (not a wait and a barrier in every
-                    // iteration at their first reader).
-                    if !pending.is_empty() {
-                        wl!(s, "    mi::cp_async_wait<0>();");
-                        pending.clear();
-                    }
-                    wl!(s, "    __syncthreads();");
-                } else if n_stages >= 2 {
-                    // The wgmma form with three stages or more also reads the next iteration's
-                    // K (a step ahead); its tiles are then made visible to the tensor cores'
-                    // (async-proxy) reads.
-                    wl!(s, "    mi::cp_async_wait<{}>();", n_stages - if self.wg_lookahead() { 3 } else { 2 });
-                    if wg.is_some() {
-                        wl!(s, "    mi::fence_proxy_async();");
-                    }
-                    wl!(s, "    __syncthreads();");
-                    for &(_, _, t) in &staged {
-                        let ty = self.storage[t].map_or("float", Storage::cty);
-                        wl!(s, "    {ty}* const t{t} = t{t}_st + (it % {n_stages}) * {};", self.stage_elems(t));
-                    }
-                    let ahead = n_stages - 1;
-                    wl!(s, "    if (it + {ahead} < {}) {{", bg.forloop_range);
-                    for &(k, op, t) in &staged {
-                        let dst = format!("(t{t}_st + ((it + {ahead}) % {n_stages}) * {})", self.stage_elems(t));
-                        for l in self.load(k, op, t, Some(&format!("(it + {ahead})")), &dst)?.lines() {
-                            wl!(s, "      {l}");
-                        }
-                    }
-                    wl!(s, "    }}");
-                    wl!(s, "    mi::cp_async_commit();");
+                if self.ws.is_some() {
+                    // The whole loop is the region's `run_ws` (`Step::Flash`), fed by the
+                    // producer: the consumers' own copies (Q) land and are published to the
+                    // tensor cores first.
+                    wl!(s, "  mi::cp_async_wait<0>();");
+                    wl!(s, "  mi::fence_proxy_async();");
+                    wl!(s, "  {}", self.sync());
+                    pending.clear();
                 } else {
-                    wl!(s, "    __syncthreads();");
-                    for &(k, op, t) in &staged {
-                        let ty = self.storage[t].map_or("float", Storage::cty);
-                        wl!(s, "    {ty}* const t{t} = t{t}_st;");
-                        for l in self.load(k, op, t, Some("it"), &format!("t{t}"))?.lines() {
-                            wl!(s, "    {l}");
-                        }
-                    }
-                    wl!(s, "    mi::cp_async_commit();");
-                    wl!(s, "    mi::cp_async_wait<0>();");
                     if wg.is_some() {
-                        wl!(s, "    mi::fence_proxy_async();");
+                        // Two iterations per pass let the compiler rename the S registers the
+                        // wgmma form carries a step ahead instead of copying them.
+                        wl!(s, "#pragma unroll 2");
                     }
-                    wl!(s, "    __syncthreads();");
+                    wl!(s, "  for (int it = 0; it < {}; ++it) {{", bg.forloop_range);
+                    if staged.is_empty() {
+                        // Copies issued before the loop and not yet waited for land before this
+                        // barrier, which then publishes them (not a wait and a barrier in every
+                        // iteration at their first reader).
+                        if !pending.is_empty() {
+                            wl!(s, "    mi::cp_async_wait<0>();");
+                            pending.clear();
+                        }
+                        wl!(s, "    __syncthreads();");
+                    } else if n_stages >= 2 {
+                        // The wgmma form with three stages or more also reads the next iteration's
+                        // K (a step ahead); its tiles are then made visible to the tensor cores'
+                        // (async-proxy) reads.
+                        wl!(s, "    mi::cp_async_wait<{}>();", n_stages - if self.wg_lookahead() { 3 } else { 2 });
+                        if wg.is_some() {
+                            wl!(s, "    mi::fence_proxy_async();");
+                        }
+                        wl!(s, "    __syncthreads();");
+                        for &(_, _, t) in &staged {
+                            let ty = self.storage[t].map_or("float", Storage::cty);
+                            wl!(s, "    {ty}* const t{t} = t{t}_st + (it % {n_stages}) * {};", self.stage_elems(t));
+                        }
+                        let ahead = n_stages - 1;
+                        wl!(s, "    if (it + {ahead} < {}) {{", bg.forloop_range);
+                        for &(k, op, t) in &staged {
+                            let dst = format!("(t{t}_st + ((it + {ahead}) % {n_stages}) * {})", self.stage_elems(t));
+                            for l in self.load(k, op, t, Some(&format!("(it + {ahead})")), &dst)?.lines() {
+                                wl!(s, "      {l}");
+                            }
+                        }
+                        wl!(s, "    }}");
+                        wl!(s, "    mi::cp_async_commit();");
+                    } else {
+                        wl!(s, "    __syncthreads();");
+                        for &(k, op, t) in &staged {
+                            let ty = self.storage[t].map_or("float", Storage::cty);
+                            wl!(s, "    {ty}* const t{t} = t{t}_st;");
+                            for l in self.load(k, op, t, Some("it"), &format!("t{t}"))?.lines() {
+                                wl!(s, "    {l}");
+                            }
+                        }
+                        wl!(s, "    mi::cp_async_commit();");
+                        wl!(s, "    mi::cp_async_wait<0>();");
+                        if wg.is_some() {
+                            wl!(s, "    mi::fence_proxy_async();");
+                        }
+                        wl!(s, "    __syncthreads();");
+                    }
                 }
                 // A barrier publishes only the copies already waited for: tiles still in
                 // flight stay dirty, so their first reader gets its wait and a barrier after it.
@@ -1683,9 +1825,12 @@ impl Ctx<'_> {
                 dirty_r.clear();
             }
             if *sec == Section::Post && in_loop {
-                wl!(s, "  }}");
-                if !staged.is_empty() {
-                    wl!(s, "  mi::cp_async_wait<0>();");
+                // (The warp-specialised form has no loop statement: `run_ws` is the loop.)
+                if self.ws.is_none() {
+                    wl!(s, "  }}");
+                    if !staged.is_empty() {
+                        wl!(s, "  mi::cp_async_wait<0>();");
+                    }
                 }
                 in_loop = false;
             }
@@ -1703,7 +1848,7 @@ impl Ctx<'_> {
                 wl!(s, "  if (mi::cluster_rank() != 0) return; // merged into the cluster's first block");
                 exited = true;
             }
-            let ind = if in_loop { "    " } else { "  " };
+            let ind = if in_loop && self.ws.is_none() { "    " } else { "  " };
             let (mut w, mut r) = (ranges_of(&step_rw[pos].0), ranges_of(&step_rw[pos].1));
             if let Some((off, bytes)) = self.finish_scratch(*step) {
                 w.push((off, off + bytes));
@@ -1727,7 +1872,7 @@ impl Ctx<'_> {
                 }
             }
             if overlaps(&r, &dirty_w) || overlaps(&w, &dirty_w) || overlaps(&w, &dirty_r) {
-                wl!(s, "{ind}__syncthreads();");
+                wl!(s, "{ind}{}", self.sync());
                 dirty_w.clear();
                 dirty_w.extend(ranges_of(&pending));
                 dirty_r.clear();
@@ -1756,7 +1901,7 @@ impl Ctx<'_> {
             dirty_w.extend(w);
             dirty_r.extend(r);
         }
-        if in_loop {
+        if in_loop && self.ws.is_none() {
             wl!(s, "  }}");
         }
         if !pending.is_empty() {
@@ -1875,7 +2020,17 @@ impl Ctx<'_> {
                         wl!(s, "}}");
                     }
                 }
-                if f.wg.is_some() {
+                if self.ws.is_some() {
+                    // The whole loop, over the stages the producer fills.
+                    wl!(
+                        s,
+                        "fa.run_ws<{}>({q}, {k}_st, {v}_st, {}, {}, mi_full, mi_empty, {});",
+                        self.stages,
+                        self.stage_elems(f.k),
+                        self.stage_elems(f.v),
+                        bg.forloop_range
+                    );
+                } else if f.wg.is_some() {
                     // With three stages or more, the next iteration's K stage (already waited
                     // for; at the last iteration a stale stage whose S is never used); else no
                     // lookahead across iterations (each step starts its own S).

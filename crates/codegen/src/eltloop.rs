@@ -162,7 +162,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     }
     slots(&mut s, "  ", &body[Sec::Post as usize]);
     wl!(s, "}}");
-    Ok(Some(Emitted { source: s, smem_bytes: 0, cluster: [1; 3] }))
+    Ok(Some(Emitted { source: s, smem_bytes: 0, cluster: [1; 3], extra_threads: 0 }))
 }
 
 /// Where op `op` runs: inputs of the loop and ops of loop-phase values in it, the running max

@@ -165,7 +165,8 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                 let out_bufs: Vec<DevBuffer> = outs.iter().map(|b| (*b).clone()).collect();
                 let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch)?;
                 let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);
-                let block = graph.block_dim.map(|x| x as u32);
+                let mut block = graph.block_dim.map(|x| x as u32);
+                block[0] += e.extra_threads as u32;
                 (e.source, grid, block, e.smem_bytes, e.cluster.map(|x| x as u32))
             }
             kind => {

@@ -234,5 +234,5 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         }
     }
     wl!(s, "}}");
-    Ok(Some(Emitted { source: s, smem_bytes: 0, cluster: [1; 3] }))
+    Ok(Some(Emitted { source: s, smem_bytes: 0, cluster: [1; 3], extra_threads: 0 }))
 }

@@ -249,6 +249,35 @@ fn cluster_split_attention_compiles() {
 }
 
 #[test]
+fn warp_specialised_attention_compiles() {
+    // Two warpgroups over 128 rows, 128-key stages, one wave (128 blocks: no cluster split): a
+    // producer warpgroup fills the stages for them (`FlashWG::run_ws`, 384 threads); with
+    // more blocks than SMs, the plain loop.
+    if !setup() {
+        return;
+    }
+    for dt in [DType::Float16, DType::Bfloat16] {
+        for (b, ws) in [(128, true), (200, false)] {
+            let a = Attn { b, h: 128, d: 64, s: 1024, splits: 1, frange: 8, qsplit: 1 };
+            let mut g = zoo::attention_one_kernel(a, dt).unwrap().ugraph;
+            for op in &mut g.ops {
+                if let KernelOpKind::Customized { graph } = &mut op.kind {
+                    graph.block_dim = [256, 1, 1];
+                }
+            }
+            let p = generate(&g, &Options::for_arch(90)).unwrap();
+            assert!(p.source.contains("mi::FlashWG<NT, 1, 128, 64, 128,"), "{}", p.launch_summary());
+            assert_eq!(p.source.contains("fa.run_ws<"), ws, "{}", p.launch_summary());
+            let threads = if ws { 384 } else { 256 };
+            assert!(p.kernels.iter().any(|k| k.block == [threads, 1, 1]), "{}", p.launch_summary());
+            if let Err(e) = nvrtc::compile(&p.source, 90) {
+                panic!("attention ({}, {b} blocks) failed to compile: {e}", dt.name());
+            }
+        }
+    }
+}
+
+#[test]
 fn skewed_warpgroup_attention_compiles() {
     // Two warpgroups over 128 rows sharing 64-key stages (three stages or more: lookahead):
     // the skewed form of `FlashWG::step` (the odd warpgroup half a step behind).

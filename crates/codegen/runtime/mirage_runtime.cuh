@@ -1263,9 +1263,34 @@ template <int RG, int NFO, bool XMAX = true>
 struct FlashRows {
   float o[RG][NFO][4];
   float m[RG][2], x[RG][2], l[RG][2];
+  float ra[RG][2];  // a deferred O rescale (`softmax<..., DEFER>`) and whether one is pending
+  bool rpend;
+
+  __device__ __forceinline__ void scale_o(int r, float a0, float a1) {
+#pragma unroll
+    for (int j = 0; j < NFO; ++j) {
+      o[r][j][0] *= a0;
+      o[r][j][1] *= a0;
+      o[r][j][2] *= a1;
+      o[r][j][3] *= a1;
+    }
+  }
+
+  // The O rescale a `DEFER` softmax left, once no wgmma is accumulating into O (the rescale
+  // decision is a warp's, and the wait for such a wgmma, `.sync.aligned`, must be the whole
+  // warpgroup's: in that branch compute-sanitizer's synccheck reports mismatching warpgroup
+  // instructions).
+  __device__ __forceinline__ void rescale_deferred() {
+    if (rpend) {
+#pragma unroll
+      for (int r = 0; r < RG; ++r) scale_o(r, ra[r][0], ra[r][1]);
+      rpend = false;
+    }
+  }
   static constexpr float L2E = 1.4426950408889634f, TH = 8.0f * 0.6931471805599453f;
 
   __device__ __forceinline__ void reset() {
+    rpend = false;
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
       m[r][0] = m[r][1] = x[r][0] = x[r][1] = neg_inf();
@@ -1286,8 +1311,9 @@ struct FlashRows {
   // their values; the first chunk's P is infinite against m = -inf), and only the rare
   // branch reduces the maxima (MQA b=16's wgmma loop had 72 FMNMX and 8 SHFL of its 551
   // instructions a warp-iteration in them). `before_rescale` runs first in that branch (the
-  // wgmma form waits there for the P V still accumulating into O).
-  template <int NFC, typename T, class F = NoOp>
+  // wgmma form waits there for the P V still accumulating into O). With DEFER, O is left
+  // alone (l and m are rescaled): `rescale_deferred` scales it later.
+  template <int NFC, typename T, class F = NoOp, bool DEFER = false>
   __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4],
                                           F before_rescale = F()) {
     float t0[RG][NFC], t1[RG][NFC];
@@ -1365,14 +1391,14 @@ struct FlashRows {
         m[r][1] = n1;
         l[r][0] *= a0;
         l[r][1] *= a1;
-#pragma unroll
-        for (int j = 0; j < NFO; ++j) {
-          o[r][j][0] *= a0;
-          o[r][j][1] *= a0;
-          o[r][j][2] *= a1;
-          o[r][j][3] *= a1;
+        if constexpr (DEFER) {
+          ra[r][0] = a0;
+          ra[r][1] = a1;
+        } else {
+          scale_o(r, a0, a1);
         }
       }
+      if constexpr (DEFER) rpend = true;
       exps();
     }
 #pragma unroll
@@ -2040,7 +2066,9 @@ struct FlashWG {
       }
       unsigned pa[RG][NFC / 2][4];
       // With QSS the previous block's P V may still be accumulating into O here: the rare
-      // rescale waits for it.
+      // rescale waits for it. (That wait sits in a branch each warp decides: compute-sanitizer's
+      // synccheck reports it, as a `.sync.aligned` wgmma wait that not every warp of the
+      // warpgroup reaches; `run_ws` defers the rescale instead, `softmax<..., DEFER>`.)
       st.template softmax<NFC, T>(s, pa, [&] {
         if constexpr (QSS) {
           wg_wait<0>();
@@ -2076,7 +2104,8 @@ struct FlashWG {
   // stage's keys at once (NB * NFC fragments, twice the independent exponentials of a
   // 64-key block), then the next stage's S and this stage's P V are issued together, and
   // only S is waited for, so P V runs on beside the next softmax (P in two alternating
-  // buffers; a rare rescale waits for it). MQA b=16 (128-row blocks) on the H100: 47.2 ->
+  // buffers); the rare O rescale a softmax decides waits until after it, where the whole
+  // warpgroup waits for that P V. MQA b=16 (128-row blocks) on the H100: 47.2 ->
   // 38.3-39.1 us against the same form with a block barrier and cp.async by all threads an
   // iteration.
   template <int STAGES>
@@ -2104,10 +2133,18 @@ struct FlashWG {
     // conditional ones).
     auto stage = [&](const int u, const bool more, const bool first, unsigned (&p)[RG][NF / 2][4]) {
       const int cur = u % STAGES, nxt = (u + 1) % STAGES;
-      st.template softmax<NF, T>(sc, p, [&] {
-        wg_wait<0>();
-        wg_pin(st.o[0]);
-      });
+      // P V of the previous stage ran beside this softmax; it has retired by now (issued a
+      // softmax ago), so the wait is short and the whole warpgroup's; then the O rescale the
+      // softmax may have deferred.
+      st.template softmax<NF, T, NoOp, true>(sc, p);
+      wg_wait<0>();
+      wg_pin(st.o[0]);
+      st.rescale_deferred();
+      // The previous stage's P V has retired: its stage is free.
+      if (!first) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + (u + STAGES - 1) % STAGES);
+      }
       if (more) {
         mbar_wait(full + nxt, ((u + 1) / STAGES) & 1);
 #pragma unroll
@@ -2122,11 +2159,6 @@ struct FlashWG {
       } else {
         wg_wait<0>();
         wg_pin(st.o[0]);
-      }
-      // The previous stage's P V has retired (waited for above).
-      if (!first) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + (u + STAGES - 1) % STAGES);
       }
     };
     if (iters == 1) {

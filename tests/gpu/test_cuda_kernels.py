@@ -297,6 +297,17 @@ def test_online_attention_large_logits():
         assert _rel(out, expect) < 1e-2
 
 
+def _one_kernel_attention(dtype: str, dims: list[int], threads: int) -> mi.KNGraph:
+    """softmax(Q K) V in one kernel (the zoo's, the search's MQA form: only O / l leaves the
+    loop), its block of `threads` threads."""
+    _, ug = _core.zoo_json("attention_one_kernel", dtype, dims)
+    doc = json.loads(ug)
+    for op in doc.get("graph", doc)["ops"]:
+        if op["kind"]["kind"] == "customized":
+            op["kind"]["graph"]["block_dim"] = [threads, 1, 1]
+    return mi.from_json(json.dumps(doc))
+
+
 @pytest.mark.parametrize(
     "rows,keys,threads",
     [(64, 128, 128), (64, 64, 128), (32, 128, 128), (128, 64, 256), (128, 128, 256)],
@@ -309,15 +320,7 @@ def test_online_attention_growing_logits(rows, keys, threads):
     # K and V stages, with 64 keys an iteration skewed half a step, with 128 in lockstep).
     # exp(40) overflows fp16: a missed rescale shows.
     b, m, n = 2, 128, 1024
-    # softmax(Q K) V in one kernel (the search's MQA form): only O / l leaves the loop.
-    _, ug = _core.zoo_json(
-        "attention_one_kernel", "float16", [b, m, 64, n, 1, n // keys, m // rows]
-    )
-    doc = json.loads(ug)
-    for op in doc.get("graph", doc)["ops"]:
-        if op["kind"]["kind"] == "customized":
-            op["kind"]["graph"]["block_dim"] = [threads, 1, 1]
-    g = mi.from_json(json.dumps(doc))
+    g = _one_kernel_attention("float16", [b, m, 64, n, 1, n // keys, m // rows], threads)
     if threads == 256:
         src, _ = _core.cuda_generate(g._core, 90)
         assert "constexpr int NT = 256;" in src and f"mi::FlashWG<NT, 1, 128, 64, {keys}," in src
@@ -347,12 +350,7 @@ def test_warp_specialised_attention(dtype, n, growing):
     # logits (about 0 to 40 along the keys) make the loop rescale O while a P V is still
     # accumulating into it; exp(40) overflows fp16, so a missed rescale shows.
     b, m = 128, 128
-    _, ug = _core.zoo_json("attention_one_kernel", dtype, [b, m, 64, n, 1, n // 128, 1])
-    doc = json.loads(ug)
-    for op in doc.get("graph", doc)["ops"]:
-        if op["kind"]["kind"] == "customized":
-            op["kind"]["graph"]["block_dim"] = [256, 1, 1]
-    g = mi.from_json(json.dumps(doc))
+    g = _one_kernel_attention(dtype, [b, m, 64, n, 1, n // 128, 1], 256)
     src, info = _core.cuda_generate(g._core, 90)
     assert "fa.run_ws<" in src and '"block":[384,1,1]' in info
     tdt = torch.float16 if dtype == "float16" else torch.bfloat16

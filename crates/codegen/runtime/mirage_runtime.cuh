@@ -2105,8 +2105,8 @@ struct FlashWG {
   // 64-key block), then the next stage's S and this stage's P V are issued together, and
   // only S is waited for, so P V runs on beside the next softmax (P in two alternating
   // buffers); the rare O rescale a softmax decides waits until after it, where the whole
-  // warpgroup waits for that P V. MQA b=16 (128-row blocks) on the H100: 47.2 ->
-  // 38.3-39.1 us against the same form with a block barrier and cp.async by all threads an
+  // warpgroup waits for that P V. MQA b=16 (128-row blocks) on the H100: 47.2 -> 38.8 us
+  // (bench table) against the same form with a block barrier and cp.async by all threads an
   // iteration.
   template <int STAGES>
   __device__ __forceinline__ void run_ws(const TQ* Q, const T* Kst, const T* Vst, int kel, int vel,
@@ -2126,8 +2126,7 @@ struct FlashWG {
 #pragma unroll
     for (int j = 0; j < NB; ++j) qk(Kst, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
     wg_wait<0>();
-#pragma unroll
-    for (int f = 0; f < NF; ++f) asm volatile("" : "+f"(sc[0][f][0]), "+f"(sc[0][f][1]), "+f"(sc[0][f][2]), "+f"(sc[0][f][3])::"memory");
+    wg_pin(sc[0]);
     // Step u: `more` (a next stage) and `first` are constants where it is inlined, so that
     // every wgmma group is unconditional (ptxas serialises the wgmma of a pipeline with
     // conditional ones).
@@ -2154,8 +2153,7 @@ struct FlashWG {
       for (int j = 0; j < NB; ++j) pv(reinterpret_cast<PH&>(p[0][j * (NFC / 2)]), Vst + cur * vel, j);
       if (more) {
         wg_wait<NB>();
-#pragma unroll
-        for (int f = 0; f < NF; ++f) asm volatile("" : "+f"(sc[0][f][0]), "+f"(sc[0][f][1]), "+f"(sc[0][f][2]), "+f"(sc[0][f][3])::"memory");
+        wg_pin(sc[0]);
       } else {
         wg_wait<0>();
         wg_pin(st.o[0]);

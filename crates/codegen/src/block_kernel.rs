@@ -236,7 +236,7 @@ const WS_PRODUCER_THREADS: usize = 128;
 /// Registers a thread of that producer keeps (`setmaxnreg`; it only copies).
 const WS_PRODUCER_REGS: usize = 24;
 /// Registers each of the 256 consumer threads then takes: 24 * 128 + 240 * 256 of the SM's
-/// 65536 (at 232, ptxas spilled S and MQA b=16 took 39.6 instead of 38.3 us).
+/// 65536 (at 232, ptxas spilled S: MQA b=16's hand-written prototype took 39.6 us, 38.3 at 240).
 const WS_CONSUMER_REGS: usize = 240;
 
 /// Alignment of the attention's K and V tiles under the wgmma form (the 128-byte swizzle

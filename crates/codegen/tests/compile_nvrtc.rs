@@ -248,6 +248,17 @@ fn cluster_split_attention_compiles() {
     }
 }
 
+/// The zoo's one-kernel attention with `threads` threads a block.
+fn one_kernel_attention(a: Attn, dt: DType, threads: usize) -> KernelGraph {
+    let mut g = zoo::attention_one_kernel(a, dt).unwrap().ugraph;
+    for op in &mut g.ops {
+        if let KernelOpKind::Customized { graph } = &mut op.kind {
+            graph.block_dim = [threads, 1, 1];
+        }
+    }
+    g
+}
+
 #[test]
 fn warp_specialised_attention_compiles() {
     // Two warpgroups over 128 rows, 128-key stages, one wave (128 blocks: no cluster split): a
@@ -258,13 +269,7 @@ fn warp_specialised_attention_compiles() {
     }
     for dt in [DType::Float16, DType::Bfloat16] {
         for (b, ws) in [(128, true), (200, false)] {
-            let a = Attn { b, h: 128, d: 64, s: 1024, splits: 1, frange: 8, qsplit: 1 };
-            let mut g = zoo::attention_one_kernel(a, dt).unwrap().ugraph;
-            for op in &mut g.ops {
-                if let KernelOpKind::Customized { graph } = &mut op.kind {
-                    graph.block_dim = [256, 1, 1];
-                }
-            }
+            let g = one_kernel_attention(Attn { b, h: 128, d: 64, s: 1024, splits: 1, frange: 8, qsplit: 1 }, dt, 256);
             let p = generate(&g, &Options::for_arch(90)).unwrap();
             assert!(p.source.contains("mi::FlashWG<NT, 1, 128, 64, 128,"), "{}", p.launch_summary());
             assert_eq!(p.source.contains("fa.run_ws<"), ws, "{}", p.launch_summary());
@@ -285,13 +290,7 @@ fn skewed_warpgroup_attention_compiles() {
         return;
     }
     for dt in [DType::Float16, DType::Bfloat16] {
-        let a = Attn { b: 2, h: 128, d: 64, s: 1024, splits: 1, frange: 16, qsplit: 1 };
-        let mut g = zoo::attention_one_kernel(a, dt).unwrap().ugraph;
-        for op in &mut g.ops {
-            if let KernelOpKind::Customized { graph } = &mut op.kind {
-                graph.block_dim = [256, 1, 1];
-            }
-        }
+        let g = one_kernel_attention(Attn { b: 2, h: 128, d: 64, s: 1024, splits: 1, frange: 16, qsplit: 1 }, dt, 256);
         let p = generate(&g, &Options::for_arch(90)).unwrap();
         assert!(p.source.contains("constexpr int NT = 256;"), "{}", p.launch_summary());
         assert!(p.source.contains("mi::FlashWG<NT, 1, 128, 64, 64,"), "{}", p.launch_summary());

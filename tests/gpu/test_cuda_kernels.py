@@ -5,6 +5,7 @@ checks of the CUDA path. Needs a CUDA GPU (marked ``gpu``; skipped elsewhere).
 from __future__ import annotations
 
 import json
+import math
 
 import mirage as mi
 import pytest
@@ -297,10 +298,13 @@ def test_online_attention_large_logits():
         assert _rel(out, expect) < 1e-2
 
 
-def _one_kernel_attention(dtype: str, dims: list[int], threads: int) -> mi.KNGraph:
+def _one_kernel_attention(
+    dtype: str, dims: list[int], threads: int, name: str = "attention_one_kernel"
+) -> mi.KNGraph:
     """softmax(Q K) V in one kernel (the zoo's, the search's MQA form: only O / l leaves the
-    loop), its block of `threads` threads."""
-    _, ug = _core.zoo_json("attention_one_kernel", dtype, dims)
+    loop; with `name` "qknorm_attention_one_kernel" Q and V normalised), its block of
+    `threads` threads."""
+    _, ug = _core.zoo_json(name, dtype, dims)
     doc = json.loads(ug)
     for op in doc.get("graph", doc)["ops"]:
         if op["kind"]["kind"] == "customized":
@@ -367,6 +371,38 @@ def test_warp_specialised_attention(dtype, n, growing):
     if growing:
         assert float(logits[..., -1].min()) > 20.0 and float(logits[..., :64].max()) < 5.0
     expect = torch.softmax(logits, -1) @ cpu[2].double()
+    (out,) = _cuda.run(g, [t.cuda() for t in cpu], poison=True)
+    assert torch.isfinite(out).all()
+    assert _rel(out, expect) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("qknorm", [False, True])
+@pytest.mark.parametrize("b,n,cluster", [(64, 256, 1), (64, 640, 1), (32, 1024, 2), (32, 1536, 2)])
+def test_interleaved_warp_specialised_attention(dtype, qknorm, b, n, cluster):
+    # Two warpgroups over the same 64 rows taking 128-key stages in turn (each its own online
+    # softmax, merged after the loop), a producer warpgroup filling them: 1 + 1, 3 + 2 stages
+    # a block unsplit; 2 + 2, 3 + 3 in each block of a cluster of two (then merged across
+    # it). With QK-norm the producer normalises every V stage in place, a row a thread.
+    m = 128
+    name = "qknorm_attention_one_kernel" if qknorm else "attention_one_kernel"
+    g = _one_kernel_attention(dtype, [b, m, 64, n, 1, n // 128, m // 64], 256, name)
+    src, info = _core.cuda_generate(g._core, 90)
+    assert "fa.run_ws<" in src and ", true> fa;" in src and '"block":[384,1,1]' in info
+    assert math.prod(json.loads(info)["kernels"][0]["cluster"]) == cluster
+    assert (", true" in src.split("fa.run_ws<")[1].split("(")[0]) == qknorm
+    tdt = torch.float16 if dtype == "float16" else torch.bfloat16
+    gen = torch.Generator().manual_seed(n + b)
+    q = torch.randn(b, m, 64, generator=gen) * (1.0 if qknorm else 0.3)
+    k = torch.randn(b, 64, n, generator=gen) * (0.125 if qknorm else 1.0)
+    # Rows of V of very different scales: a missed or misplaced normalisation shows.
+    v = torch.randn(b, n, 64, generator=gen) * torch.logspace(-1, 1, n).view(1, n, 1)
+    cpu = [t.to(tdt) for t in (q, k, v)]
+    qd, kd, vd = (t.double() for t in cpu)
+    if qknorm:
+        qd = qd * qd.pow(2).mean(-1, keepdim=True).rsqrt()
+        vd = vd * vd.pow(2).mean(-1, keepdim=True).rsqrt()
+    expect = torch.softmax(qd @ kd, -1) @ vd
     (out,) = _cuda.run(g, [t.cuda() for t in cpu], poison=True)
     assert torch.isfinite(out).all()
     assert _rel(out, expect) < 1e-2

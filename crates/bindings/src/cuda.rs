@@ -186,6 +186,7 @@ fn zoo_json(name: &str, dtype: &str, params: Vec<usize>) -> PyResult<(String, St
         "qknorm_attention" => zoo::attention(attn(p)?, true, dt),
         "attention_online" => zoo::attention_online(attn(p)?, dt),
         "attention_one_kernel" => zoo::attention_one_kernel(attn(p)?, dt),
+        "qknorm_attention_one_kernel" => zoo::qknorm_attention_one_kernel(attn(p)?, dt),
         "qnorm_attention_online" => zoo::qnorm_attention_online(attn(p)?, dt),
         "qknorm_attention_online" => zoo::qknorm_attention_online(attn(p)?, dt),
         "ntrans" => {

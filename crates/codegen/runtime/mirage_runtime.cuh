@@ -1172,6 +1172,13 @@ __device__ __forceinline__ unsigned mul_x2(unsigned a, unsigned b) {
   return d;
 }
 
+// Barrier over the block's first N threads (named barrier 1: the consumers of a warp-specialised
+// block, `FlashWG::run_ws`).
+template <int N>
+__device__ __forceinline__ void bar_sync_n() {
+  asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory");
+}
+
 // The rows of a [ROWS][LEN] 16-bit tile normalised in place (x / sqrt(mean(x^2)) per row):
 // element (r, c) at tile_at<LD, SW>(r, c). Each warp takes 16 rows at a time as ldmatrix
 // fragments (a thread holds 16 values of row i and of row 8 + i of the group, a quad a row),
@@ -1488,13 +1495,20 @@ struct FlashRows {
   // the whole block (the scratch may overlay tiles other threads still read): the group (of
   // TH threads) of slice k > 0 `save`s into slot (k - 1) * GROUPS + grp, and slice 0's
   // `merge`s every slot, then runs `merged()`. Threads that hold no slice (`active` false)
-  // only pass the barriers.
-  template <int TH, int KS, int GROUPS, class Merged>
+  // only pass the barriers. With BAR > 0 the barriers span the block's first BAR threads.
+  template <int TH, int KS, int GROUPS, int BAR = 0, class Merged>
   __device__ __forceinline__ void merge_slices(float* scratch, int slice, int grp, int tw, bool active, Merged merged) {
     constexpr int SLOT = SLOT_FLOATS<TH>;
-    __syncthreads();
+    auto sync = [] {
+      if constexpr (BAR > 0) {
+        bar_sync_n<BAR>();
+      } else {
+        __syncthreads();
+      }
+    };
+    sync();
     if (active && slice > 0) save<TH>(scratch + ((slice - 1) * GROUPS + grp) * SLOT, tw);
-    __syncthreads();
+    sync();
     if (active && slice == 0) {
 #pragma unroll 1
       for (int k = 1; k < KS; ++k) merge<TH>(scratch + ((k - 1) * GROUPS + grp) * SLOT, tw);
@@ -1857,11 +1871,6 @@ __device__ __forceinline__ void cp_async_mbar_arrive(unsigned long long* b) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"((unsigned)__cvta_generic_to_shared(b)) : "memory");
 #endif
 }
-// Barrier over the block's first N threads (named barrier 1).
-template <int N>
-__device__ __forceinline__ void bar_sync_n() {
-  asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory");
-}
 // This warpgroup's register budget raised (consumers) or lowered (producer) to R (sm_90a).
 template <int R>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -1889,14 +1898,19 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // With QSS, Q ([BATCH * M][64], K's type) sits as `swz<64, 8>` too and S = Q K takes both
 // operands through descriptors; then within a step each block's P V runs on while the next
 // block's softmax does (see `step`).
+//
+// With ILV (only `run_ws`), the KS slices are whole stages instead of keys within each: the
+// warpgroup of slice k takes stages k, k + KS, ... (all N keys of each), so each works as the
+// one of a KS = 1 block would; `finish` merges them as key slices.
 template <int NT, int BATCH, int M, int D, int N, int LDQ, int RG, int KS, typename T, typename TQ, bool QSS = false,
-          bool XMAX = true>
+          bool XMAX = true, bool ILV = false>
 struct FlashWG {
 #if defined(__CUDA_ARCH__)
   static_assert(MI_WGMMA, "FlashWG needs sm_90a (wgmma)");
 #endif
   static constexpr int NWG = NT / 128 / BATCH, KQ = D / 16, WR = M / 64 / RG;
-  static constexpr int NK = N / KS;                  // keys per slice
+  static constexpr int NK = ILV ? N : N / KS;        // keys per slice (of a stage)
+  static constexpr int KOFS = ILV ? 0 : NK;          // a slice's first key in a stage: slice * KOFS
   static constexpr int NKB = NK < 64 ? NK : 64;      // keys per block
   static constexpr int NB = NK / NKB, NFC = NKB / 8;  // blocks per slice, S fragments per block
   static_assert((NT / 128) % BATCH == 0 && M % (64 * RG) == 0 && NWG == WR * KS && D % 16 == 0 &&
@@ -1921,7 +1935,7 @@ struct FlashWG {
   // S = Q K over block j of this slice's keys for every group into `acc`, issued as one wgmma
   // group (not waited for).
   __device__ __forceinline__ void qk(const T* K, int j, float (&acc)[RG][NFC][4]) {
-    const int key0 = slice * NK + j * NKB;
+    const int key0 = slice * KOFS + j * NKB;
     const unsigned kd = wg_desc_lo((unsigned)__cvta_generic_to_shared(K) +
                                    ((key0 / 64) * BATCH * D + bt * D) * 128 + (key0 % 64) * 2);
     if constexpr (QSS) {
@@ -1995,7 +2009,7 @@ struct FlashWG {
 
   // O += P V over block j of this slice's keys, issued as one wgmma group (not waited for).
   __device__ __forceinline__ void pv(const unsigned (&p)[RG][NFC / 2][4], const T* V, int j) {
-    const unsigned vd = wg_desc_lo((unsigned)__cvta_generic_to_shared(V) + (bt * N + slice * NK + j * NKB) * 128);
+    const unsigned vd = wg_desc_lo((unsigned)__cvta_generic_to_shared(V) + (bt * N + slice * KOFS + j * NKB) * 128);
     wg_fence();
 #pragma unroll
     for (int r = 0; r < RG; ++r)
@@ -2096,10 +2110,28 @@ struct FlashWG {
     }
   }
 
+  // The 1 / rms of V row (key) `lin_tid() % 128` of stage `V` (`swz<64, 8>` rows of 64),
+  // rounded to T, into `r` where the thread of P's key column owns it: key t = 8 j + 2 q + h
+  // (fragment j, lane quad position q, half h) at half (16 q + j) * 2 + h, so that a lane
+  // reads its 16 fragments' pairs as four 16-byte words.
+  __device__ __forceinline__ void v_factor(const T* V, T* r) {
+    const int t = lin_tid() & 127;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const uint4 u = *reinterpret_cast<const uint4*>(V + swz<64, 8>(t, c * 8));
+      const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) d[e % 4] = fmaf(to_f32(h[e]), to_f32(h[e]), d[e % 4]);
+    }
+    r[(16 * ((t & 7) >> 1) + (t >> 3)) * 2 + (t & 1)] = from_f32<T>(rsqrtf((d[0] + d[1] + d[2] + d[3]) * (1.0f / 64.0f)));
+  }
+
   // The whole loop of `iters` iterations, warp-specialised (see `mbar_init`): stage u % STAGES
   // of K and V (`kel`, `vel` elements apart) is full once `full[u % STAGES]` completes its
-  // phase (u / STAGES) % 2 (the producer fences its writes for the tensor cores before it
-  // arrives), and is released on `empty` (one arrival a warp) once this
+  // phase (u / STAGES) % 2 (the producer's arrivals are its copies landing; each consumer
+  // then fences its view for the tensor cores), and is released on `empty` (one arrival a
+  // warp) once this
   // warpgroup's P V over it has retired. One step a stage: the softmax covers all the
   // stage's keys at once (NB * NFC fragments, twice the independent exponentials of a
   // 64-key block), then the next stage's S and this stage's P V are issued together, and
@@ -2107,47 +2139,89 @@ struct FlashWG {
   // buffers); the rare O rescale a softmax decides waits until after it, where the whole
   // warpgroup waits for that P V. MQA b=16 (128-row blocks) on the H100: 47.2 -> 38.8 us
   // (bench table) against the same form with a block barrier and cp.async by all threads an
-  // iteration.
-  template <int STAGES>
+  // iteration. With ILV (KS warpgroups over 64 rows each), this warpgroup's stages are
+  // slice, slice + KS, ... (its `mine` of them; the others' pass by), each released by its
+  // four warps (one arrival a warp).
+  //
+  // With VN, V's rows are normalised (QK-norm): P V over normalised rows is P with each key's
+  // column scaled by its row's 1 / rms times V, so the stage's V is read, not rewritten. Each
+  // step, once its S of the next stage is issued, every thread of the warpgroup computes the
+  // factor of one of that stage's keys (`v_factor`) into `rs` (the warpgroup's two slots of
+  // NK 16-bit factors, in alternation), and after the next softmax (and a barrier of the
+  // warpgroup) P's fragments are scaled by them: the row sums stay those of unscaled P.
+  template <int STAGES, bool VN = false>
   __device__ __forceinline__ void run_ws(const TQ* Q, const T* Kst, const T* Vst, int kel, int vel,
-                                         unsigned long long* full, unsigned long long* empty, int iters) {
-    static_assert(QSS && KS == 1 && RG == 1 && BATCH == 1, "run_ws: one row group, no key slices");
+                                         unsigned long long* full, unsigned long long* empty, int iters,
+                                         T* rs = nullptr) {
+    static_assert(QSS && (KS == 1 || ILV) && RG == 1 && BATCH == 1, "run_ws: one row group, slices by stage");
+    static_assert(!VN || NK == 128, "run_ws: V factors of 128-key stages");
     constexpr int NF = NB * NFC;
     typedef float SH[RG][NFC][4];
     typedef unsigned PH[RG][NFC / 2][4];
-    // One batch item and one key slice: constants here, so that every descriptor is the
-    // stage's base plus a constant (with `init`'s run-time values, MQA b=16 took 46 us).
+    // One batch item and, within a stage, one key slice: constants here, so that every
+    // descriptor is the stage's base plus a constant (with `init`'s run-time values, MQA b=16
+    // took 46 us). With ILV `slice` only picks the stages (and the merge in `finish`).
     bt = 0;
-    slice = 0;
+    if constexpr (!ILV) slice = 0;
     qp = Q;
+    // Stage of this warpgroup's k-th step.
+    auto at = [&](const int k) { return ILV ? slice + k * KS : k; };
+    const int mine = ILV ? (iters - slice + KS - 1) / KS : iters;
+    if (mine <= 0) return;
     float sc[RG][NF][4];
     unsigned pa[RG][NF / 2][4], pb[RG][NF / 2][4];
-    mbar_wait(full, 0);
+    mbar_wait(full + at(0) % STAGES, (at(0) / STAGES) & 1);
+    fence_proxy_async();
 #pragma unroll
-    for (int j = 0; j < NB; ++j) qk(Kst, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
+    for (int j = 0; j < NB; ++j) qk(Kst + (at(0) % STAGES) * kel, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
+    // This warpgroup's factor slots and its barrier (named barrier 2 + its index).
+    const int wg = (lin_tid() >> 7) % NWG;
+    T* const rw = rs + wg * 2 * NK;
+    if constexpr (VN) v_factor(Vst + (at(0) % STAGES) * vel, rw);
     wg_wait<0>();
     wg_pin(sc[0]);
-    // Step u: `more` (a next stage) and `first` are constants where it is inlined, so that
+    // Step k: `more` (a next stage) and `first` are constants where it is inlined, so that
     // every wgmma group is unconditional (ptxas serialises the wgmma of a pipeline with
     // conditional ones).
-    auto stage = [&](const int u, const bool more, const bool first, unsigned (&p)[RG][NF / 2][4]) {
-      const int cur = u % STAGES, nxt = (u + 1) % STAGES;
+    auto stage = [&](const int k, const bool more, const bool first, unsigned (&p)[RG][NF / 2][4]) {
+      const int u = at(k), un = at(k + 1), cur = u % STAGES, nxt = un % STAGES;
       // P V of the previous stage ran beside this softmax; it has retired by now (issued a
       // softmax ago), so the wait is short and the whole warpgroup's; then the O rescale the
       // softmax may have deferred.
       st.template softmax<NF, T, NoOp, true>(sc, p);
+      if constexpr (VN) {
+        // Every factor of this stage is in (each thread wrote one last step).
+        asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
+        const uint4* const f = reinterpret_cast<const uint4*>(rw + (k & 1) * NK) + (lane & 3) * (NF / 4);
+        unsigned w[NF];
+#pragma unroll
+        for (int i = 0; i < NF / 4; ++i) {
+          const uint4 x = f[i];
+          w[4 * i] = x.x;
+          w[4 * i + 1] = x.y;
+          w[4 * i + 2] = x.z;
+          w[4 * i + 3] = x.w;
+        }
+        // Word e of P's pair jj holds fragment 2 jj + e / 2 (rows g and g + 8 alike).
+#pragma unroll
+        for (int jj = 0; jj < NF / 2; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) p[0][jj][e] = mul_x2<T>(p[0][jj][e], w[2 * jj + e / 2]);
+      }
       wg_wait<0>();
       wg_pin(st.o[0]);
       st.rescale_deferred();
       // The previous stage's P V has retired: its stage is free.
       if (!first) {
         __syncwarp();
-        if (lane == 0) mbar_arrive(empty + (u + STAGES - 1) % STAGES);
+        if (lane == 0) mbar_arrive(empty + at(k - 1) % STAGES);
       }
       if (more) {
-        mbar_wait(full + nxt, ((u + 1) / STAGES) & 1);
+        mbar_wait(full + nxt, (un / STAGES) & 1);
+        fence_proxy_async();
 #pragma unroll
         for (int j = 0; j < NB; ++j) qk(Kst + nxt * kel, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
+        if constexpr (VN) v_factor(Vst + nxt * vel, rw + ((k + 1) & 1) * NK);
       }
 #pragma unroll
       for (int j = 0; j < NB; ++j) pv(reinterpret_cast<PH&>(p[0][j * (NFC / 2)]), Vst + cur * vel, j);
@@ -2159,27 +2233,27 @@ struct FlashWG {
         wg_pin(st.o[0]);
       }
     };
-    if (iters == 1) {
+    if (mine == 1) {
       stage(0, false, true, pa);
       return;
     }
     stage(0, true, true, pa);
-    if (iters == 2) {
+    if (mine == 2) {
       stage(1, false, false, pb);
       return;
     }
     stage(1, true, false, pb);
-    int u = 2;
+    int k = 2;
 #pragma unroll 1
-    for (; u < iters - 2; u += 2) {
-      stage(u, true, false, pa);
-      stage(u + 1, true, false, pb);
+    for (; k < mine - 2; k += 2) {
+      stage(k, true, false, pa);
+      stage(k + 1, true, false, pb);
     }
-    if (u == iters - 2) {
-      stage(u, true, false, pa);
-      stage(u + 1, false, false, pb);
+    if (k == mine - 2) {
+      stage(k, true, false, pa);
+      stage(k + 1, false, false, pb);
     } else {
-      stage(u, false, false, pa);
+      stage(k, false, false, pa);
     }
   }
 
@@ -2199,12 +2273,14 @@ struct FlashWG {
   // `scratch_floats`. Before (every slice's O through a row-major scratch, then a combine
   // pass): GQA b=8's epilogue took 5.3 of its 23 µs, 1.4 of them in remote stores of twice
   // the bytes.
-  template <int CS = 1>
+  // With WS (after `run_ws`) the slices' barriers are the consumers' own (named barrier 1):
+  // the producer warpgroup has left.
+  template <int CS = 1, bool WS = false>
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
     st.settle();
     constexpr int GROUPS = BATCH * WR;
     [[maybe_unused]] const int tw = lin_tid() & 127, grp = bt * WR + ((lin_tid() >> 7) % NWG) % WR;
-    if constexpr (KS > 1) st.template merge_slices<128, KS, GROUPS>(scratch, slice, grp, tw, true, [] {});
+    if constexpr (KS > 1) st.template merge_slices<128, KS, GROUPS, WS ? NT : 0>(scratch, slice, grp, tw, true, [] {});
     bool mine = slice == 0;
     if constexpr (CS > 1) {
       cluster_sync_relaxed();

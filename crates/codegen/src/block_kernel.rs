@@ -239,6 +239,70 @@ const WS_PRODUCER_REGS: usize = 24;
 /// 65536 (at 232, ptxas spilled S: MQA b=16's hand-written prototype took 39.6 us, 38.3 at 240).
 const WS_CONSUMER_REGS: usize = 240;
 
+/// The warp-specialised form of a block (`FlashWG::run_ws`: a producer warpgroup filling the
+/// stages for two consumer warpgroups of 64 rows each, no block barrier in the loop), if it
+/// takes one: `Some(interleaved)`. A one-wave wgmma attention region of one row group a
+/// warpgroup over 128 rows, or of two key slices over 64 rows (which then take alternate
+/// stages: [`ws_interleaved`]), Q by descriptor, 128 keys an iteration and no running-max
+/// output, whose loop holds nothing but the region and its staged K and V, and whose other
+/// steps are loads, norms, element-wise groups and saves (they run on the consumers alone,
+/// with a consumer barrier for the block's). A cluster split merges after the loop as
+/// without. A normalised V only in the interleaved form, where the consumers scale P by the
+/// rows' factors (`run_ws`'s VN): in the 128-row form that measured slower than the plain
+/// loop's in-place norm (QK-norm b=16 on the H100: 35.1 against 32.4 us).
+fn ws_form(
+    bg: &BlockGraph,
+    nt: usize,
+    f: &FlashRegion,
+    layout: &[Option<Layout>],
+    steps: &[(Section, Step)],
+) -> Option<bool> {
+    let qss = layout[f.q].is_some_and(|l| l.swz.is_some());
+    let v_ok = !f.v_norm
+        || ws_interleaved(f) && layout[f.v].is_some_and(|l| l.rows == 128 && l.inner == 64 && l.swz == Some(8));
+    let ok = (f.wg == Some((1, 1)) && f.m == 128 || ws_interleaved(f))
+        && f.one_wave
+        && nt == 256
+        && bg.block_dim[1..].iter().all(|&d| d == 1)
+        && f.batch == 1
+        && f.d == 64
+        && f.n == 128
+        && qss
+        && f.x.is_none()
+        && v_ok
+        && steps.iter().all(|&(sec, st)| match st {
+            Step::Load { op, .. } => {
+                let staged = layout[bg.ops[op].outputs[0]].is_some_and(|l| l.staged);
+                staged == (sec == Section::Loop)
+            }
+            Step::Flash => sec == Section::Loop,
+            Step::FlashEnd | Step::Group { .. } | Step::GroupSave { .. } | Step::Save { .. } | Step::RmsNorm { .. } => {
+                sec != Section::Loop
+            }
+            _ => false,
+        });
+    ok.then(|| ws_interleaved(f))
+}
+
+/// Whether two warpgroups over the same 64 rows (two key slices) take whole stages in turn
+/// in the warp-specialised form (`FlashWG`'s ILV): each then steps like a warpgroup of the
+/// 128-row form, and `finish` merges them as slices. Each holds the stage whose P V is in
+/// flight and the one it computes while the next is copied: [`WS_ILV_STAGES`] stages.
+fn ws_interleaved(f: &FlashRegion) -> bool {
+    f.wg == Some((1, 2)) && f.m == 64
+}
+
+/// Pipeline stages of the interleaved warp-specialised form (three a warpgroup: 192 KB of
+/// 128-key K and V stages at 16-bit). With four, a warpgroup released a stage and at once
+/// waited for the copy into it (GQA b=8: 20.5 us against 17.1 for the two-stage plain loop).
+const WS_ILV_STAGES: usize = 6;
+
+/// Bytes of mbarriers a stage of the warp-specialised form takes (full and empty: 8 each).
+const WS_BARRIER_BYTES: usize = 16;
+/// Bytes of the warp-specialised form's V-row factors with a normalised V (`FlashWG::run_ws`'s
+/// `rs`: two slots of 128 16-bit factors for each of the two consumer warpgroups).
+const WS_FACTOR_BYTES: usize = 2 * 2 * 128 * 2;
+
 /// Alignment of the attention's K and V tiles under the wgmma form (the 128-byte swizzle
 /// repeats every 1024 bytes and is taken from address bits).
 const WG_ALIGN: usize = 1024;
@@ -904,11 +968,16 @@ fn emit_with(
     // Pipeline depth (the rule of `BlockGraph::pipeline_stages`, on the placed sizes): up to
     // MAX_PIPELINE_STAGES stages of the loop's input tiles, within the budget.
     let any_staged = layout.iter().any(|l| l.is_some_and(|l| l.staged));
-    let mut stages = if any_staged { MAX_PIPELINE_STAGES.min(bg.forloop_range).max(1) } else { 1 };
+    // The interleaved warp-specialised form takes more stages (three a warpgroup), within the
+    // whole shared memory less its stage mbarriers.
+    let ilv = fr.as_ref().is_some_and(|f| ws_form(bg, nt, f, &layout, &steps) == Some(true));
+    let most = if ilv { WS_ILV_STAGES } else { MAX_PIPELINE_STAGES };
+    let mut stages = if any_staged { most.min(bg.forloop_range).max(1) } else { 1 };
     // A warpgroup attention normalising its V stages takes up to the whole shared memory: with
     // three stages or more each iteration normalises the next stage beside its own matmuls
     // (`Step::Flash`) instead of its own stage before them.
     let budget = match &fr {
+        _ if ilv => SM90_SMEM_BYTES - WS_BARRIER_BYTES * WS_ILV_STAGES - WS_FACTOR_BYTES,
         Some(f) if f.v_norm && f.wg.is_some() => SM90_SMEM_BYTES,
         _ => bg.pipeline_budget(),
     };
@@ -965,11 +1034,13 @@ fn emit_with(
     let has_matmul = steps.iter().any(|(_, st)| matches!(st, Step::Matmul { .. }));
     let scratch = if has_matmul { Some(smem_bytes) } else { None };
     let mut total = smem_bytes + if has_matmul { nt * 16 } else { 0 };
-    // The warp-specialised loop's full and empty mbarriers (8 bytes each a stage) after it all.
+    // The warp-specialised loop's full and empty mbarriers (8 bytes each a stage) after it all,
+    // then, with V normalised, its rows' factors (16-byte aligned).
     let mut extra_threads = 0;
     if ctx.warp_specialised(&steps) {
-        let off = total.next_multiple_of(8);
-        total = off + 16 * ctx.stages;
+        let off = total.next_multiple_of(16);
+        let factors = if ctx.flash.as_ref().is_some_and(|(f, _)| f.v_norm) { WS_FACTOR_BYTES } else { 0 };
+        total = off + WS_BARRIER_BYTES * ctx.stages + factors;
         ctx.ws = Some(off);
         extra_threads = WS_PRODUCER_THREADS;
     }
@@ -1201,49 +1272,27 @@ impl Ctx<'_> {
         self.flash.as_ref().is_some_and(|(f, _)| f.wg.is_some()) && self.stages >= 3
     }
 
-    /// Whether the loop takes the warp-specialised form (`FlashWG::run_ws`, a producer
-    /// warpgroup filling the stages for two consumer warpgroups of 64 rows each, no block
-    /// barrier in the loop): a one-wave wgmma attention region of one row group a warpgroup,
-    /// no key slices or cluster split, Q by descriptor, 128 keys an iteration, no V
-    /// normalisation and no running-max output, whose loop holds nothing but the region and
-    /// its staged K and V, and whose other steps are loads, element-wise groups and saves
-    /// (they run on the consumers alone, with a consumer barrier for the block's).
+    /// Whether the loop takes the warp-specialised form ([`ws_form`], with two stages or
+    /// more).
     fn warp_specialised(&self, steps: &[(Section, Step)]) -> bool {
-        let Some((f, _)) = &self.flash else { return false };
-        let qss = self.layout[f.q].is_some_and(|l| l.swz.is_some());
-        f.wg == Some((1, 1))
-            && f.one_wave
-            && self.nt == 256
-            && self.bg.block_dim[1..].iter().all(|&d| d == 1)
-            && f.batch == 1
-            && f.m == 128
-            && f.d == 64
-            && f.n == 128
-            && qss
-            && f.x.is_none()
-            && !f.v_norm
-            && self.cluster == 1
+        self.flash.as_ref().is_some_and(|(f, _)| ws_form(self.bg, self.nt, f, &self.layout, steps).is_some())
             && self.stages >= 2
-            && steps.iter().all(|&(sec, st)| match st {
-                Step::Load { op, .. } => {
-                    let staged = self.layout[self.bg.ops[op].outputs[0]].is_some_and(|l| l.staged);
-                    staged == (sec == Section::Loop)
-                }
-                Step::Flash => sec == Section::Loop,
-                Step::FlashEnd | Step::Group { .. } | Step::GroupSave { .. } | Step::Save { .. } => {
-                    sec != Section::Loop
-                }
-                _ => false,
-            })
+    }
+
+    /// Whether the region's two key slices (two warpgroups over the same 64 rows) take whole
+    /// stages in turn in the warp-specialised form (`FlashWG`'s ILV).
+    fn ws_interleaved(&self) -> bool {
+        self.flash.as_ref().is_some_and(|(f, _)| ws_interleaved(f))
     }
 
     /// The warp-specialised form's set-up and producer (`FlashWG::run_ws`). Thread 0 sets up the
     /// stage mbarriers at byte `off` (full: one arrival a producer thread; empty: one a
-    /// consumer warp); then the producer warpgroup (threads NT on) copies each iteration's
-    /// staged tiles into stage `it % stages` once the consumers have emptied it, and marks the
-    /// previous stage full when its own copies of it have landed (waited for, then made
-    /// visible to the tensor cores' reads: the plain stores of the unaligned path too), and
-    /// leaves; the consumers take its registers.
+    /// consumer warp of the stage); then the producer warpgroup (threads NT on) copies each
+    /// iteration's staged tiles into stage `it % stages` once the consumers have emptied it,
+    /// and leaves; the consumers take its registers. A producer thread's arrival is its copies
+    /// landing (`cp.async.mbarrier.arrive`: it never waits, so it runs as far ahead as the
+    /// empty stages let it); each consumer fences its view for the tensor cores after its
+    /// wait. (A normalised V is not rewritten: `run_ws` scales P by the rows' factors.)
     fn ws_producer(&self, off: usize, staged: &[(usize, usize, STensorId)]) -> Result<String> {
         let (st, range) = (self.stages, self.bg.forloop_range);
         let mut s = String::new();
@@ -1252,7 +1301,8 @@ impl Ctx<'_> {
         wl!(s, "  if (tid == 0) {{");
         wl!(s, "    for (int i = 0; i < {st}; ++i) {{");
         wl!(s, "      mi::mbar_init(mi_full + i, {WS_PRODUCER_THREADS});");
-        wl!(s, "      mi::mbar_init(mi_empty + i, {});", self.nt / 32);
+        let readers = if self.ws_interleaved() { self.nt / 64 } else { self.nt / 32 };
+        wl!(s, "      mi::mbar_init(mi_empty + i, {readers});");
         wl!(s, "    }}");
         wl!(s, "  }}");
         wl!(s, "  __syncthreads();");
@@ -1271,15 +1321,9 @@ impl Ctx<'_> {
             }
         }
         wl!(s, "      mi::cp_async_commit();");
-        wl!(s, "      if (it > 0) {{");
-        wl!(s, "        mi::cp_async_wait<1>();");
-        wl!(s, "        mi::fence_proxy_async();");
-        wl!(s, "        mi::mbar_arrive(mi_full + (it - 1) % {st});");
-        wl!(s, "      }}");
+        wl!(s, "      mi::cp_async_mbar_arrive(mi_full + st);");
         wl!(s, "    }}");
         wl!(s, "    mi::cp_async_wait<0>();");
-        wl!(s, "    mi::fence_proxy_async();");
-        wl!(s, "    mi::mbar_arrive(mi_full + {});", (range - 1) % st);
         wl!(s, "    return;");
         wl!(s, "  }}");
         wl!(s, "  mi::setmaxnreg_inc<{WS_CONSUMER_REGS}>();");
@@ -1705,9 +1749,10 @@ impl Ctx<'_> {
                     let ty = self.storage[f.k].map_or("float", Storage::cty);
                     let tq = self.storage[f.q].map_or("float", Storage::cty);
                     if let Some((rg, ks)) = f.wg {
+                        let ilv = if self.ws.is_some() && self.ws_interleaved() { ", true" } else { "" };
                         wl!(
                             s,
-                            "  mi::FlashWG<NT, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}, {}, {}> fa;",
+                            "  mi::FlashWG<NT, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}, {}, {}{ilv}> fa;",
                             f.batch,
                             f.m,
                             f.d,
@@ -1992,7 +2037,8 @@ impl Ctx<'_> {
                 // otherwise each iteration its own stage before the step. The loop's first
                 // barrier, after a proxy fence, publishes the writes to the wgmma reads.
                 let mut between = String::new();
-                if f.v_norm {
+                // (In the warp-specialised form the producer normalises V.)
+                if f.v_norm && self.ws.is_none() {
                     let Some(l) = self.layout[f.v] else { return unsupported("internal error: V has no layout") };
                     let ty = self.storage[f.v].map_or("float", |st| st.cty());
                     let norm = format!(
@@ -2022,14 +2068,19 @@ impl Ctx<'_> {
                 }
                 if self.ws.is_some() {
                     // The whole loop, over the stages the producer fills.
-                    wl!(
-                        s,
-                        "fa.run_ws<{}>({q}, {k}_st, {v}_st, {}, {}, mi_full, mi_empty, {});",
-                        self.stages,
-                        self.stage_elems(f.k),
-                        self.stage_elems(f.v),
-                        bg.forloop_range
-                    );
+                    // With V normalised, its rows' factors after the mbarriers.
+                    let vn = if f.v_norm {
+                        let ty = self.storage[f.v].map_or("float", |st| st.cty());
+                        format!(", true>({q}, {k}_st, {v}_st, {}, {}, mi_full, mi_empty, {}, reinterpret_cast<{ty}*>(mi_full + {})", self.stage_elems(f.k), self.stage_elems(f.v), bg.forloop_range, 2 * self.stages)
+                    } else {
+                        format!(
+                            ">({q}, {k}_st, {v}_st, {}, {}, mi_full, mi_empty, {}",
+                            self.stage_elems(f.k),
+                            self.stage_elems(f.v),
+                            bg.forloop_range
+                        )
+                    };
+                    wl!(s, "fa.run_ws<{}{vn});", self.stages);
                 } else if f.wg.is_some() {
                     // With three stages or more, the next iteration's K stage (already waited
                     // for; at the last iteration a stale stage whose S is never used); else no
@@ -2051,7 +2102,13 @@ impl Ctx<'_> {
             Step::FlashEnd => {
                 let Some((f, off)) = &self.flash else { return unsupported("internal error: no attention region") };
                 let opt = |t: Option<STensorId>| t.map_or("nullptr".to_string(), |t| self.tile(t));
-                let cs = if self.cluster > 1 { format!("<{}>", self.cluster) } else { String::new() };
+                let cs = if self.ws.is_some() {
+                    format!("<{}, true>", self.cluster.max(1))
+                } else if self.cluster > 1 {
+                    format!("<{}>", self.cluster)
+                } else {
+                    String::new()
+                };
                 wl!(
                     s,
                     "fa.finish{cs}({}, {}, {}, {});",

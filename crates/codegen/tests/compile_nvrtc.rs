@@ -250,7 +250,15 @@ fn cluster_split_attention_compiles() {
 
 /// The zoo's one-kernel attention with `threads` threads a block.
 fn one_kernel_attention(a: Attn, dt: DType, threads: usize) -> KernelGraph {
-    let mut g = zoo::attention_one_kernel(a, dt).unwrap().ugraph;
+    with_threads(zoo::attention_one_kernel(a, dt).unwrap().ugraph, threads)
+}
+
+/// [`one_kernel_attention`] with Q and V normalised (`zoo::qknorm_attention_one_kernel`).
+fn one_kernel_qknorm_attention(a: Attn, dt: DType, threads: usize) -> KernelGraph {
+    with_threads(zoo::qknorm_attention_one_kernel(a, dt).unwrap().ugraph, threads)
+}
+
+fn with_threads(mut g: KernelGraph, threads: usize) -> KernelGraph {
     for op in &mut g.ops {
         if let KernelOpKind::Customized { graph } = &mut op.kind {
             graph.block_dim = [threads, 1, 1];
@@ -277,6 +285,38 @@ fn warp_specialised_attention_compiles() {
             assert!(p.kernels.iter().any(|k| k.block == [threads, 1, 1]), "{}", p.launch_summary());
             if let Err(e) = nvrtc::compile(&p.source, 90) {
                 panic!("attention ({}, {b} blocks) failed to compile: {e}", dt.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_warp_specialised_attention_compiles() {
+    // Two warpgroups over the same 64 rows taking 128-key stages in turn (`FlashWG`'s ILV),
+    // with and without a cluster split (64 blocks split in two, 128 unsplit), with and
+    // without Q and V normalised (the producer normalises each V stage, a row a thread).
+    if !setup() {
+        return;
+    }
+    for dt in [DType::Float16, DType::Bfloat16] {
+        for (b, cluster) in [(32, 2), (64, 1)] {
+            for qknorm in [false, true] {
+                let a = Attn { b, h: 128, d: 64, s: 1024, splits: 1, frange: 8, qsplit: 2 };
+                let g = if qknorm { one_kernel_qknorm_attention(a, dt, 256) } else { one_kernel_attention(a, dt, 256) };
+                let p = generate(&g, &Options::for_arch(90)).unwrap();
+                let what = p.launch_summary();
+                assert!(p.source.contains("mi::FlashWG<NT, 1, 64, 64, 128,"), "{what}");
+                assert!(p.source.contains(", true> fa;") && p.source.contains("fa.run_ws<"), "{what}");
+                // With V normalised, `run_ws` scales P by V's row factors (its VN argument).
+                let call = p.source.split("fa.run_ws<").nth(1).and_then(|c| c.split('(').next()).unwrap_or("");
+                assert_eq!(call.ends_with(", true>"), qknorm, "{what}");
+                assert!(
+                    p.kernels.iter().any(|k| k.block == [384, 1, 1] && k.cluster.iter().product::<u32>() == cluster),
+                    "{what}"
+                );
+                if let Err(e) = nvrtc::compile(&p.source, 90) {
+                    panic!("interleaved attention ({}, {b} blocks, qknorm {qknorm}) failed to compile: {e}", dt.name());
+                }
             }
         }
     }

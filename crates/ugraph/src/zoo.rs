@@ -216,20 +216,29 @@ pub fn qknorm_attention_online(a: Attn, dt: DType) -> Result<Pair> {
 /// Attention in one kernel, the form the search finds for MQA: online softmax over the keys
 /// in the loop (`splits` must be 1), O / l after it; no running max is saved.
 pub fn attention_one_kernel(a: Attn, dt: DType) -> Result<Pair> {
+    one_kernel(a, false, dt)
+}
+
+/// QK-norm attention in one kernel as [`attention_one_kernel`] (`rms_norm` over d of Q before
+/// the loop, of each iteration's V tile in it): the search's QK-norm form at b=16.
+pub fn qknorm_attention_one_kernel(a: Attn, dt: DType) -> Result<Pair> {
+    one_kernel(a, true, dt)
+}
+
+fn one_kernel(a: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
+    let name = if qknorm { "qknorm_attention_one_kernel" } else { "attention_one_kernel" };
     if a.splits != 1 {
-        return invalid(
-            "attention_one_kernel",
-            format!("splits {} must be 1 (keys are split only by the loop)", a.splits),
-        );
+        return invalid(name, format!("splits {} must be 1 (keys are split only by the loop)", a.splits));
     }
-    let reference = attention_reference(a, false, false, dt)?;
+    let reference = attention_reference(a, qknorm, qknorm, dt)?;
     let (mut g, v, mut k1, [tq, tk, tv]) = flash_kernel1(a, dt)?;
+    let (tq, tv) = if qknorm { (k1.rms_norm(tq)?, k1.rms_norm(tv)?) } else { (tq, tv) };
     let (o, l, _) = online_loop(&mut k1, tq, tk, tv)?;
     let out = k1.binary(BinaryOp::Div, o, l)?;
     k1.new_output(out, [0, -1, 1], -1)?;
     let outs = g.customized(&v, k1)?;
     g.mark_output(outs[0], None)?;
-    Ok(Pair { name: "attention_one_kernel".into(), reference, ugraph: g })
+    Ok(Pair { name: name.into(), reference, ugraph: g })
 }
 
 /// The online-softmax loop body of attention over per-iteration tiles K and V: the

@@ -1565,6 +1565,14 @@ __device__ __forceinline__ void cluster_sync_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 #endif
 }
+// This thread's arrival on the cluster barrier's current phase, releasing its writes, without
+// waiting: a warp-specialised producer's, as it leaves (its copies into shared memory that
+// other blocks' merges later overwrite are then ordered before them).
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#endif
+}
 template <typename T>
 __device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

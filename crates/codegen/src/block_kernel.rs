@@ -1324,6 +1324,11 @@ impl Ctx<'_> {
         wl!(s, "      mi::cp_async_mbar_arrive(mi_full + st);");
         wl!(s, "    }}");
         wl!(s, "    mi::cp_async_wait<0>();");
+        if self.cluster > 1 {
+            // Its arrival on the cluster barrier the merge after the loop starts with (the
+            // merge's remote stores land where its copies did).
+            wl!(s, "    mi::cluster_arrive_release();");
+        }
         wl!(s, "    return;");
         wl!(s, "  }}");
         wl!(s, "  mi::setmaxnreg_inc<{WS_CONSUMER_REGS}>();");

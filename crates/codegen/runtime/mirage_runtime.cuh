@@ -1317,12 +1317,12 @@ struct FlashRows {
   // of 16-bit integer maxima over the packed pairs: P >= 0, so their bit patterns order as
   // their values; the first chunk's P is infinite against m = -inf), and only the rare
   // branch reduces the maxima (MQA b=16's wgmma loop had 72 FMNMX and 8 SHFL of its 551
-  // instructions a warp-iteration in them). `before_rescale` runs first in that branch (the
-  // wgmma form waits there for the P V still accumulating into O). With DEFER, O is left
-  // alone (l and m are rescaled): `rescale_deferred` scales it later.
-  template <int NFC, typename T, class F = NoOp, bool DEFER = false>
-  __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4],
-                                          F before_rescale = F()) {
+  // instructions a warp-iteration in them). With DEFER, O is left alone (l and m are
+  // rescaled): `rescale_deferred` scales it later, where the wgmma forms first wait for the P
+  // V still accumulating into O (a wgmma wait in the rescale's branch, which each warp
+  // decides, would not be the whole warpgroup's, as `.sync.aligned` requires).
+  template <int NFC, typename T, bool DEFER = false>
+  __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4]) {
     float t0[RG][NFC], t1[RG][NFC];
     auto exps = [&] {
 #pragma unroll
@@ -1388,7 +1388,6 @@ struct FlashRows {
       grow = (v & 0xFFFFu) > P8 || (v >> 16) > P8;
     }
     if (__any_sync(0xffffffffu, grow)) {
-      before_rescale();
       if constexpr (!XMAX) maxima();
 #pragma unroll
       for (int r = 0; r < RG; ++r) {
@@ -2087,17 +2086,26 @@ struct FlashWG {
         qk(Kn, 0, sn);
       }
       unsigned pa[RG][NFC / 2][4];
-      // With QSS the previous block's P V may still be accumulating into O here: the rare
-      // rescale waits for it. (That wait sits in a branch each warp decides: compute-sanitizer's
-      // synccheck reports it, as a `.sync.aligned` wgmma wait that not every warp of the
-      // warpgroup reaches; `run_ws` defers the rescale instead, `softmax<..., DEFER>`.)
-      st.template softmax<NFC, T>(s, pa, [&] {
-        if constexpr (QSS) {
-          wg_wait<0>();
+      if constexpr (QSS) {
+        // The previous block's P V may still be accumulating into O here, so the softmax's
+        // rare O rescale waits until after it, where the whole warpgroup waits for that P V
+        // (in flight: it and, when another block follows, the next S, committed after it).
+        // (A wait inside the rescale's branch, which each warp decides, is a `.sync.aligned`
+        // wgmma wait not every warp reaches: compute-sanitizer's synccheck reported it.)
+        st.template softmax<NFC, T, true>(s, pa);
+        if (j > 0) {
+          if (more) {
+            wg_wait<1>();
+          } else {
+            wg_wait<0>();
+          }
 #pragma unroll
           for (int r = 0; r < RG; ++r) wg_pin(st.o[r]);
         }
-      });
+        st.rescale_deferred();
+      } else {
+        st.template softmax<NFC, T>(s, pa);
+      }
       pv(pa, V, j);
       between(j);
       // With QSS, a block followed by another of this step retires only the next S (committed
@@ -2202,7 +2210,7 @@ struct FlashWG {
       // With VN, this stage's factors beside the softmax (independent of it: the compiler
       // interleaves them), into slot k % 2.
       if constexpr (VN) v_factor(Vst + cur * vel, rw + (k & 1) * NK);
-      st.template softmax<NF, T, NoOp, true>(sc, p);
+      st.template softmax<NF, T, true>(sc, p);
       wg_wait<0>();
       wg_pin(st.o[0]);
       st.rescale_deferred();

@@ -249,7 +249,7 @@ const WS_CONSUMER_REGS: usize = 240;
 /// with a consumer barrier for the block's). A cluster split merges after the loop as
 /// without. A normalised V only in the interleaved form, where the consumers scale P by the
 /// rows' factors (`run_ws`'s VN): in the 128-row form that measured slower than the plain
-/// loop's in-place norm (QK-norm b=16 on the H100: 35.1 against 32.4 us).
+/// loop's in-place norm (QK-norm b=16 on the H100: 35.1 against 32.4-33.6 us).
 fn ws_form(
     bg: &BlockGraph,
     nt: usize,
@@ -294,7 +294,8 @@ fn ws_interleaved(f: &FlashRegion) -> bool {
 
 /// Pipeline stages of the interleaved warp-specialised form (three a warpgroup: 192 KB of
 /// 128-key K and V stages at 16-bit). With four, a warpgroup released a stage and at once
-/// waited for the copy into it (GQA b=8: 20.5 us against 17.1 for the two-stage plain loop).
+/// waited for the copy into it (GQA b=8 on the H100: 20.5 us; 16.0-16.7 with six, 17.1 for the
+/// two-stage plain loop).
 const WS_ILV_STAGES: usize = 6;
 
 /// Bytes of mbarriers a stage of the warp-specialised form takes (full and empty: 8 each).
@@ -969,7 +970,7 @@ fn emit_with(
     // MAX_PIPELINE_STAGES stages of the loop's input tiles, within the budget.
     let any_staged = layout.iter().any(|l| l.is_some_and(|l| l.staged));
     // The interleaved warp-specialised form takes more stages (three a warpgroup), within the
-    // whole shared memory less its stage mbarriers.
+    // whole shared memory less its mbarriers and V-row factors.
     let ilv = fr.as_ref().is_some_and(|f| ws_form(bg, nt, f, &layout, &steps) == Some(true));
     let most = if ilv { WS_ILV_STAGES } else { MAX_PIPELINE_STAGES };
     let mut stages = if any_staged { most.min(bg.forloop_range).max(1) } else { 1 };
@@ -2042,7 +2043,7 @@ impl Ctx<'_> {
                 // otherwise each iteration its own stage before the step. The loop's first
                 // barrier, after a proxy fence, publishes the writes to the wgmma reads.
                 let mut between = String::new();
-                // (In the warp-specialised form the producer normalises V.)
+                // (The warp-specialised form scales P by V's row factors instead: `run_ws`'s VN.)
                 if f.v_norm && self.ws.is_none() {
                     let Some(l) = self.layout[f.v] else { return unsupported("internal error: V has no layout") };
                     let ty = self.storage[f.v].map_or("float", |st| st.cty());
@@ -2073,19 +2074,20 @@ impl Ctx<'_> {
                 }
                 if self.ws.is_some() {
                     // The whole loop, over the stages the producer fills.
-                    // With V normalised, its rows' factors after the mbarriers.
-                    let vn = if f.v_norm {
+                    let mut tmpl = self.stages.to_string();
+                    let mut args = format!(
+                        "{q}, {k}_st, {v}_st, {}, {}, mi_full, mi_empty, {}",
+                        self.stage_elems(f.k),
+                        self.stage_elems(f.v),
+                        bg.forloop_range
+                    );
+                    if f.v_norm {
+                        // V's row factors, after the mbarriers.
                         let ty = self.storage[f.v].map_or("float", |st| st.cty());
-                        format!(", true>({q}, {k}_st, {v}_st, {}, {}, mi_full, mi_empty, {}, reinterpret_cast<{ty}*>(mi_full + {})", self.stage_elems(f.k), self.stage_elems(f.v), bg.forloop_range, 2 * self.stages)
-                    } else {
-                        format!(
-                            ">({q}, {k}_st, {v}_st, {}, {}, mi_full, mi_empty, {}",
-                            self.stage_elems(f.k),
-                            self.stage_elems(f.v),
-                            bg.forloop_range
-                        )
-                    };
-                    wl!(s, "fa.run_ws<{}{vn});", self.stages);
+                        tmpl.push_str(", true");
+                        args.push_str(&format!(", reinterpret_cast<{ty}*>(mi_full + {})", 2 * self.stages));
+                    }
+                    wl!(s, "fa.run_ws<{tmpl}>({args});");
                 } else if f.wg.is_some() {
                     // With three stages or more, the next iteration's K stage (already waited
                     // for; at the last iteration a stale stage whose S is never used); else no

@@ -2196,7 +2196,7 @@ struct FlashWG {
     for (int j = 0; j < NB; ++j) qk(Kst + (at(0) % STAGES) * kel, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
     // This warpgroup's factor slots and its barrier (named barrier 2 + its index).
     const int wg = (lin_tid() >> 7) % NWG;
-    T* const rw = rs + wg * 2 * NK;
+    T* const rw = VN ? rs + wg * 2 * NK : nullptr;
     wg_wait<0>();
     wg_pin(sc[0]);
     // Step k: `more` (a next stage) and `first` are constants where it is inlined, so that

@@ -294,7 +294,7 @@ fn warp_specialised_attention_compiles() {
 fn interleaved_warp_specialised_attention_compiles() {
     // Two warpgroups over the same 64 rows taking 128-key stages in turn (`FlashWG`'s ILV),
     // with and without a cluster split (64 blocks split in two, 128 unsplit), with and
-    // without Q and V normalised (the producer normalises each V stage, a row a thread).
+    // without Q and V normalised (P scaled by V's row factors: `run_ws`'s VN).
     if !setup() {
         return;
     }

@@ -1178,6 +1178,12 @@ template <int N>
 __device__ __forceinline__ void bar_sync_n() {
   asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory");
 }
+// Barrier `id` (chosen at run time) over N threads: a warpgroup's own in a warp-specialised
+// block (named barriers 2 on, `FlashWG::run_ws`).
+template <int N>
+__device__ __forceinline__ void bar_sync_id(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(N) : "memory");
+}
 
 // The rows of a [ROWS][LEN] 16-bit tile normalised in place (x / sqrt(mean(x^2)) per row):
 // element (r, c) at tile_at<LD, SW>(r, c). Each warp takes 16 rows at a time as ldmatrix
@@ -2223,7 +2229,7 @@ struct FlashWG {
       if constexpr (VN) {
         // Every factor of this stage is in (each thread of the warpgroup wrote one); the
         // slot written next step was last read before this barrier.
-        asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
+        bar_sync_id<128>(2 + wg);
         const uint4* const f = reinterpret_cast<const uint4*>(rw + (k & 1) * NK) + (lane & 3) * (NF / 4);
 #pragma unroll
         for (int i = 0; i < NF / 4; ++i) {

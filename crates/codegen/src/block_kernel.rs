@@ -239,9 +239,9 @@ const WS_PRODUCER_REGS: usize = 24;
 /// 65536 (at 232, ptxas spilled S: MQA b=16's hand-written prototype took 39.6 us, 38.3 at 240).
 const WS_CONSUMER_REGS: usize = 240;
 
-/// The warp-specialised form of a block (`FlashWG::run_ws`: a producer warpgroup filling the
-/// stages for two consumer warpgroups of 64 rows each, no block barrier in the loop), if it
-/// takes one: `Some(interleaved)`. A one-wave wgmma attention region of one row group a
+/// Whether a block takes the warp-specialised form (`FlashWG::run_ws`: a producer warpgroup
+/// filling the stages for two consumer warpgroups of 64 rows each, no block barrier in the
+/// loop). A one-wave wgmma attention region of one row group a
 /// warpgroup over 128 rows, or of two key slices over 64 rows (which then take alternate
 /// stages: [`ws_interleaved`]), Q by descriptor, 128 keys an iteration and no running-max
 /// output, whose loop holds nothing but the region and its staged K and V, and whose other
@@ -250,17 +250,11 @@ const WS_CONSUMER_REGS: usize = 240;
 /// without. A normalised V only in the interleaved form, where the consumers scale P by the
 /// rows' factors (`run_ws`'s VN): in the 128-row form that measured slower than the plain
 /// loop's in-place norm (QK-norm b=16 on the H100: 35.1 against 32.4-33.6 us).
-fn ws_form(
-    bg: &BlockGraph,
-    nt: usize,
-    f: &FlashRegion,
-    layout: &[Option<Layout>],
-    steps: &[(Section, Step)],
-) -> Option<bool> {
+fn ws_form(bg: &BlockGraph, nt: usize, f: &FlashRegion, layout: &[Option<Layout>], steps: &[(Section, Step)]) -> bool {
     let qss = layout[f.q].is_some_and(|l| l.swz.is_some());
     let v_ok = !f.v_norm
         || ws_interleaved(f) && layout[f.v].is_some_and(|l| l.rows == 128 && l.inner == 64 && l.swz == Some(8));
-    let ok = (f.wg == Some((1, 1)) && f.m == 128 || ws_interleaved(f))
+    (f.wg == Some((1, 1)) && f.m == 128 || ws_interleaved(f))
         && f.one_wave
         && nt == 256
         && bg.block_dim[1..].iter().all(|&d| d == 1)
@@ -280,8 +274,7 @@ fn ws_form(
                 sec != Section::Loop
             }
             _ => false,
-        });
-    ok.then(|| ws_interleaved(f))
+        })
 }
 
 /// Whether two warpgroups over the same 64 rows (two key slices) take whole stages in turn
@@ -971,7 +964,7 @@ fn emit_with(
     let any_staged = layout.iter().any(|l| l.is_some_and(|l| l.staged));
     // The interleaved warp-specialised form takes more stages (three a warpgroup), within the
     // whole shared memory less its mbarriers and V-row factors.
-    let ilv = fr.as_ref().is_some_and(|f| ws_form(bg, nt, f, &layout, &steps) == Some(true));
+    let ilv = fr.as_ref().is_some_and(|f| ws_interleaved(f) && ws_form(bg, nt, f, &layout, &steps));
     let most = if ilv { WS_ILV_STAGES } else { MAX_PIPELINE_STAGES };
     let mut stages = if any_staged { most.min(bg.forloop_range).max(1) } else { 1 };
     // A warpgroup attention normalising its V stages takes up to the whole shared memory: with
@@ -1276,8 +1269,7 @@ impl Ctx<'_> {
     /// Whether the loop takes the warp-specialised form ([`ws_form`], with two stages or
     /// more).
     fn warp_specialised(&self, steps: &[(Section, Step)]) -> bool {
-        self.flash.as_ref().is_some_and(|(f, _)| ws_form(self.bg, self.nt, f, &self.layout, steps).is_some())
-            && self.stages >= 2
+        self.flash.as_ref().is_some_and(|(f, _)| ws_form(self.bg, self.nt, f, &self.layout, steps)) && self.stages >= 2
     }
 
     /// Whether the region's two key slices (two warpgroups over the same 64 rows) take whole

@@ -2135,13 +2135,21 @@ struct FlashWG {
   // The 1 / rms of V row (key) `lin_tid() % 128` of stage `V` (`swz<64, 8>` rows of 64),
   // rounded to T, into `r` where the thread of P's key column owns it: key t = 8 j + 2 q + h
   // (fragment j, lane quad position q, half h) at half (16 q + j) * 2 + h, so that a lane
-  // reads its 16 fragments' pairs as four 16-byte words.
+  // reads its 16 fragments' pairs as four 16-byte words. The row's chunks are read in the
+  // swizzled order (chunk c ^ (t % 8) at c: conflict-free, and the sum does not mind the
+  // order), each at the row's 1024-aligned stage address XOR its offset: one LOP3 a load
+  // (through `swz` the loop was about 100 instructions a step longer with its spills; QK-norm
+  // b=8 on the H100 20.4-20.8 us against 20.9-21.6).
   __device__ __forceinline__ void v_factor(const T* V, T* r) {
     const int t = lin_tid() & 127;
+    const unsigned b = ((unsigned)__cvta_generic_to_shared(V) + t * 128) | ((t & 7) << 4);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
+#pragma unroll 4
     for (int c = 0; c < 8; ++c) {
-      const uint4 u = *reinterpret_cast<const uint4*>(V + swz<64, 8>(t, c * 8));
+      uint4 u;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                   : "r"(b ^ (c << 4)));
       const T* h = reinterpret_cast<const T*>(&u);
 #pragma unroll
       for (int e = 0; e < 8; ++e) d[e % 4] = fmaf(to_f32(h[e]), to_f32(h[e]), d[e % 4]);
@@ -2171,7 +2179,9 @@ struct FlashWG {
   // stage's keys (`v_factor`) into `rs` (the warpgroup's two slots of NK 16-bit factors, in
   // alternation); after a barrier of the warpgroup P's fragments are scaled by them before
   // its P V: the row sums stay those of unscaled P. QK-norm b=8 on the H100 (64-row
-  // interleaved form, saved graph): 20.9 us against 16.6 for the same form without norms;
+  // interleaved form, saved graph): 20.4 us against 16.8 for the same form without norms (a
+  // step is issue-latency bound, about 9.4 cycles a warp instruction under ncu, and the norm
+  // adds about 45% to the instructions);
   // computing the next stage's factors after its S instead: 21.4 (without the factor loads
   // 18.4, without the barrier and scaling 19.5). Rewriting V in place by a producer that waits
   // for each stage's copies kept two stages in flight (30 us).

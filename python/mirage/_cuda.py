@@ -12,6 +12,9 @@ NVRTC and CUDA's headers are found (in order): ``MIRAGE_NVRTC_PATH`` / ``MIRAGE_
 the NVRTC already loaded in this process (torch's), the nvidia pip packages on ``sys.path``,
 ``CUDA_HOME``, ``/usr/local/cuda``. ``MIRAGE_SAVE_CODES=<folder>`` (or ``save_codes=True``
 / a folder in the call) writes each generated source to ``<folder>/<graph hash>_sm<arch>.cu``.
+For kernel work, ``MIRAGE_LOAD_CODES=<folder>`` compiles ``<folder>/<graph hash>_sm<arch>.cu``,
+where it exists, in place of the generated source (an edited copy of a saved one: the same
+kernels and parameters, since the launches stay the generated program's), with a warning.
 
 On sm_90 and later the kernels are launched as programmatic dependents of the previous kernel
 in the stream: each may be scheduled while that one drains, and waits for it to finish before
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -163,6 +167,25 @@ def _save_dir(save_codes: Any) -> str | None:
     return env or None
 
 
+def _loaded_source(graph_hash: str, device: int) -> str | None:
+    """The ``MIRAGE_LOAD_CODES`` source of a graph on ``device``, if that folder has one."""
+    folder = os.environ.get("MIRAGE_LOAD_CODES")
+    if not folder:
+        return None
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    path = os.path.join(folder, f"{graph_hash[:16]}_sm{int(major) * 10 + int(minor)}.cu")
+    if not os.path.isfile(path):
+        return None
+    warnings.warn(
+        f"mirage: compiling {path} in place of the generated source (MIRAGE_LOAD_CODES)",
+        stacklevel=4,
+    )
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 def executable(graph: KNGraph, device: int, save_codes: Any = None) -> Any:
     """The compiled, loaded executable of ``graph`` on CUDA device ``device`` (cached)."""
     _configure()
@@ -171,7 +194,7 @@ def executable(graph: KNGraph, device: int, save_codes: Any = None) -> Any:
     per_graph = _EXECUTABLES.setdefault(graph, {})
     exe = per_graph.get(key)
     if exe is None:
-        exe = _core.CudaExecutable(core, device)
+        exe = _core.CudaExecutable(core, device, _loaded_source(core.hash(), device))
         per_graph.clear()
         per_graph[key] = exe
         folder = _save_dir(save_codes)

@@ -464,6 +464,36 @@ def test_save_codes(tmp_path):
     assert len(files) == 1 and "mi_k1_relu" in files[0].read_text()
 
 
+def test_load_codes_runs_an_edited_source(tmp_path, monkeypatch):
+    # A saved source, edited and put where MIRAGE_LOAD_CODES points, runs in place of the
+    # generated one (with a warning); a broken one fails with NVRTC's log.
+    x = torch.randn(8, 8, device="cuda")
+
+    def relu_graph():
+        g = mi.new_kernel_graph()
+        g.mark_output(g.relu(g.new_input((8, 8), dtype=mi.float32)))
+        return g
+
+    relu_graph()(inputs=[x], save_codes=str(tmp_path / "saved"))
+    (saved,) = (tmp_path / "saved").glob("*.cu")
+    src = saved.read_text()
+    edited = src.replace("mi::op_relu(r0)", "(mi::op_relu(r0) + 1.0f)")
+    assert edited != src
+    load = tmp_path / "load"
+    load.mkdir()
+    (load / saved.name).write_text(edited)
+    monkeypatch.setenv("MIRAGE_LOAD_CODES", str(load))
+    with pytest.warns(UserWarning, match="MIRAGE_LOAD_CODES"):
+        (out,) = relu_graph()(inputs=[x])
+    torch.testing.assert_close(out, torch.relu(x) + 1.0)
+    (load / saved.name).write_text(src + "\nthis is not CUDA\n")
+    with (
+        pytest.warns(UserWarning, match="LOAD_CODES"),
+        pytest.raises(RuntimeError, match="NVRTC failed"),
+    ):
+        relu_graph()(inputs=[x])
+
+
 def test_shared_memory_limit_is_a_clear_error():
     _, ug = _zoo("attention", "float16", [1, 1024, 64, 1024, 4, 1])
     x = [t.cuda() for t in _inputs(ug, 0)]

@@ -82,11 +82,14 @@ pub struct CudaExecutable {
 
 #[pymethods]
 impl CudaExecutable {
-    /// Generates (for the device's arch and shared-memory limit), compiles (cached) and loads.
+    /// Generates (for the device's arch and shared-memory limit), compiles (cached) and loads;
+    /// with `source`, that source is compiled in place of the generated one (same kernels and
+    /// parameters: the launches stay the generated program's).
     #[new]
-    fn new(py: Python<'_>, graph: PyRef<'_, KernelGraph>, device: i32) -> PyResult<Self> {
+    #[pyo3(signature = (graph, device, source=None))]
+    fn new(py: Python<'_>, graph: PyRef<'_, KernelGraph>, device: i32, source: Option<String>) -> PyResult<Self> {
         let g = graph.inner.clone();
-        let inner = py.detach(|| Executable::new(&g, device)).map_err(to_py)?;
+        let inner = py.detach(|| Executable::with_source(&g, device, source)).map_err(to_py)?;
         Ok(CudaExecutable { inner })
     }
 

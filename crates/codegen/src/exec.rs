@@ -21,8 +21,18 @@ pub struct Executable {
 impl Executable {
     /// Generates, compiles (through the cache) and loads `g` on device `ordinal`.
     pub fn new(g: &KernelGraph, ordinal: i32) -> Result<Executable> {
+        Self::with_source(g, ordinal, None)
+    }
+
+    /// [`Executable::new`], compiling `source` instead of the generated source where given (a
+    /// developer's edited copy of it): the launches stay the generated program's, so the
+    /// source must define the same kernels with the same parameters and shared memory.
+    pub fn with_source(g: &KernelGraph, ordinal: i32, source: Option<String>) -> Result<Executable> {
         let device = driver::device(ordinal)?;
-        let program = generate(g, &Options { arch: device.arch, smem_limit: Some(device.smem_optin) })?;
+        let mut program = generate(g, &Options { arch: device.arch, smem_limit: Some(device.smem_optin) })?;
+        if let Some(s) = source {
+            program.source = s;
+        }
         Self::from_program(program, device)
     }
 

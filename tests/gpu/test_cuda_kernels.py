@@ -395,7 +395,9 @@ def test_interleaved_warp_specialised_attention(dtype, qknorm, b, n, cluster):
     src, info = _core.cuda_generate(g._core, 90)
     assert "fa.run_ws<" in src and ", true> fa;" in src and '"block":[384,1,1]' in info
     assert math.prod(json.loads(info)["kernels"][0]["cluster"]) == cluster
-    assert (", true" in src.split("fa.run_ws<")[1].split("(")[0]) == qknorm
+    # VN (P scaled by V's row factors) with QK-norm; else V marked full apart from K (SPLITV).
+    targs = src.split("fa.run_ws<")[1].split(">")[0].split(", ")
+    assert (targs[1:2] == ["true"]) == qknorm and (targs[2:3] == ["true"]) == (not qknorm)
     tdt = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(n + b)
     q = torch.randn(b, m, 64, generator=gen) * (1.0 if qknorm else 0.3)

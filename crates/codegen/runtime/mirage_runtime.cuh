@@ -2185,12 +2185,17 @@ struct FlashWG {
   // computing the next stage's factors after its S instead: 21.4 (without the factor loads
   // 18.4, without the barrier and scaling 19.5). Rewriting V in place by a producer that waits
   // for each stage's copies kept two stages in flight (30 us).
-  template <int STAGES, bool VN = false>
+  //
+  // With SPLITV the producer marks each stage's K full on `full` and its V on `vfull` (each
+  // once its own copies landed): a step's S starts before V has landed, and the step waits
+  // for V only before its P V.
+  template <int STAGES, bool VN = false, bool SPLITV = false>
   __device__ __forceinline__ void run_ws(const TQ* Q, const T* Kst, const T* Vst, int kel, int vel,
                                          unsigned long long* full, unsigned long long* empty, int iters,
-                                         T* rs = nullptr) {
+                                         T* rs = nullptr, unsigned long long* vfull = nullptr) {
     static_assert(QSS && (KS == 1 || ILV) && RG == 1 && BATCH == 1, "run_ws: one row group, slices by stage");
     static_assert(!VN || NK == 128, "run_ws: V factors of 128-key stages");
+    static_assert(!(VN && SPLITV), "run_ws: V marked full apart only without V factors");
     constexpr int NF = NB * NFC;
     typedef float SH[RG][NFC][4];
     typedef unsigned PH[RG][NFC / 2][4];
@@ -2262,6 +2267,11 @@ struct FlashWG {
         for (int jj = 0; jj < NF / 2; ++jj)
 #pragma unroll
           for (int e = 0; e < 4; ++e) p[0][jj][e] = mul_x2<T>(p[0][jj][e], w[2 * jj + e / 2]);
+      }
+      if constexpr (SPLITV) {
+        // This stage's V, marked full apart from its K (which `full` covered).
+        mbar_wait(vfull + cur, (u / STAGES) & 1);
+        fence_proxy_async();
       }
 #pragma unroll
       for (int j = 0; j < NB; ++j) pv(reinterpret_cast<PH&>(p[0][j * (NFC / 2)]), Vst + cur * vel, j);

@@ -291,8 +291,25 @@ fn ws_interleaved(f: &FlashRegion) -> bool {
 /// two-stage plain loop).
 const WS_ILV_STAGES: usize = 6;
 
-/// Bytes of mbarriers a stage of the warp-specialised form takes (full and empty: 8 each).
+/// Bytes of mbarriers a stage of the warp-specialised form takes (full and empty: 8 each; with
+/// V marked full apart ([`ws_split_v`]) 8 more).
 const WS_BARRIER_BYTES: usize = 16;
+
+/// Whether the warp-specialised form marks each stage's V full on an mbarrier of its own, after
+/// K's (`FlashWG::run_ws`'s SPLITV): the interleaved form without a normalised V, whose S then
+/// starts before V has landed. GQA on the H100 (saved winners, bench timing, four runs each):
+/// b=8 16.7-17.4 -> 16.3-16.4 us, b=16 26.1-27.2 -> 25.3-25.7. Not the 128-row form (there
+/// MQA b=16 went 41.3-42.5 -> 43.5) nor with VN (its factors read V at the step's start).
+fn ws_split_v(f: &FlashRegion) -> bool {
+    ws_interleaved(f) && !f.v_norm
+}
+
+/// Byte offset of the warp-specialised form's V-row factors from its first mbarrier: past
+/// every stage's mbarriers, 16-byte aligned (read as 16-byte words); with no factors, the
+/// mbarriers' bytes.
+fn ws_barriers_bytes(stages: usize, split_v: bool) -> usize {
+    ((WS_BARRIER_BYTES + if split_v { 8 } else { 0 }) * stages).next_multiple_of(16)
+}
 /// Bytes of the warp-specialised form's V-row factors with a normalised V (`FlashWG::run_ws`'s
 /// `rs`: two slots of 128 16-bit factors for each of the two consumer warpgroups).
 const WS_FACTOR_BYTES: usize = 2 * 2 * 128 * 2;
@@ -971,7 +988,7 @@ fn emit_with(
     // three stages or more each iteration normalises the next stage beside its own matmuls
     // (`Step::Flash`) instead of its own stage before them.
     let budget = match &fr {
-        _ if ilv => SM90_SMEM_BYTES - WS_BARRIER_BYTES * WS_ILV_STAGES - WS_FACTOR_BYTES,
+        Some(f) if ilv => SM90_SMEM_BYTES - ws_barriers_bytes(WS_ILV_STAGES, ws_split_v(f)) - WS_FACTOR_BYTES,
         Some(f) if f.v_norm && f.wg.is_some() => SM90_SMEM_BYTES,
         _ => bg.pipeline_budget(),
     };
@@ -1034,7 +1051,7 @@ fn emit_with(
     if ctx.warp_specialised(&steps) {
         let off = total.next_multiple_of(16);
         let factors = if ctx.flash.as_ref().is_some_and(|(f, _)| f.v_norm) { WS_FACTOR_BYTES } else { 0 };
-        total = off + WS_BARRIER_BYTES * ctx.stages + factors;
+        total = off + ws_barriers_bytes(ctx.stages, ctx.ws_split_v()) + factors;
         ctx.ws = Some(off);
         extra_threads = WS_PRODUCER_THREADS;
     }
@@ -1278,6 +1295,11 @@ impl Ctx<'_> {
         self.flash.as_ref().is_some_and(|(f, _)| ws_interleaved(f))
     }
 
+    /// Whether the warp-specialised form marks V full apart ([`ws_split_v`]).
+    fn ws_split_v(&self) -> bool {
+        self.flash.as_ref().is_some_and(|(f, _)| ws_split_v(f))
+    }
+
     /// The warp-specialised form's set-up and producer (`FlashWG::run_ws`). Thread 0 sets up the
     /// stage mbarriers at byte `off` (full: one arrival a producer thread; empty: one a
     /// consumer warp of the stage); then the producer warpgroup (threads NT on) copies each
@@ -1285,17 +1307,25 @@ impl Ctx<'_> {
     /// and leaves; the consumers take its registers. A producer thread's arrival is its copies
     /// landing (`cp.async.mbarrier.arrive`: it never waits, so it runs as far ahead as the
     /// empty stages let it); each consumer fences its view for the tensor cores after its
-    /// wait. (A normalised V is not rewritten: `run_ws` scales P by the rows' factors.)
+    /// wait. (A normalised V is not rewritten: `run_ws` scales P by the rows' factors.) With
+    /// [`ws_split_v`], K and V of a stage are marked full on mbarriers of their own.
     fn ws_producer(&self, off: usize, staged: &[(usize, usize, STensorId)]) -> Result<String> {
         let (st, range) = (self.stages, self.bg.forloop_range);
         let mut s = String::new();
         wl!(s, "  unsigned long long* const mi_full = reinterpret_cast<unsigned long long*>(mi_smem + {off});");
         wl!(s, "  unsigned long long* const mi_empty = mi_full + {st};");
+        let split = self.ws_split_v();
+        if split {
+            wl!(s, "  unsigned long long* const mi_vfull = mi_full + {};", 2 * st);
+        }
         wl!(s, "  if (tid == 0) {{");
         wl!(s, "    for (int i = 0; i < {st}; ++i) {{");
         wl!(s, "      mi::mbar_init(mi_full + i, {WS_PRODUCER_THREADS});");
         let readers = if self.ws_interleaved() { self.nt / 64 } else { self.nt / 32 };
         wl!(s, "      mi::mbar_init(mi_empty + i, {readers});");
+        if split {
+            wl!(s, "      mi::mbar_init(mi_vfull + i, {WS_PRODUCER_THREADS});");
+        }
         wl!(s, "    }}");
         wl!(s, "  }}");
         wl!(s, "  __syncthreads();");
@@ -1307,14 +1337,31 @@ impl Ctx<'_> {
         wl!(s, "    for (int it = 0; it < {range}; ++it) {{");
         wl!(s, "      const int st = it % {st};");
         wl!(s, "      if (it >= {st}) mi::mbar_wait(mi_empty + st, (it / {st} - 1) & 1);");
-        for &(k, op, t) in staged {
+        // With V marked full apart: K, then V, each arrived for once landed (a thread's
+        // arrival counts all its copies so far).
+        let order: Vec<(usize, usize, STensorId)> = match &self.flash {
+            Some((f, _)) if split => {
+                let of = |tile| staged.iter().copied().find(|x| x.2 == tile);
+                match (of(f.k), of(f.v)) {
+                    (Some(k), Some(v)) if staged.len() == 2 => vec![k, v],
+                    _ => return unsupported("internal error: the warp-specialised loop stages K and V only"),
+                }
+            }
+            _ => staged.to_vec(),
+        };
+        for (i, &(k, op, t)) in order.iter().enumerate() {
             let dst = format!("(t{t}_st + st * {})", self.stage_elems(t));
             for l in self.load_by(k, op, t, Some("it"), &dst, WS_PRODUCER_THREADS)?.lines() {
                 wl!(s, "      {l}");
             }
+            if split {
+                wl!(s, "      mi::cp_async_mbar_arrive({} + st);", if i == 0 { "mi_full" } else { "mi_vfull" });
+            }
         }
         wl!(s, "      mi::cp_async_commit();");
-        wl!(s, "      mi::cp_async_mbar_arrive(mi_full + st);");
+        if !split {
+            wl!(s, "      mi::cp_async_mbar_arrive(mi_full + st);");
+        }
         wl!(s, "    }}");
         wl!(s, "    mi::cp_async_wait<0>();");
         if self.cluster > 1 {
@@ -2078,6 +2125,9 @@ impl Ctx<'_> {
                         let ty = self.storage[f.v].map_or("float", |st| st.cty());
                         tmpl.push_str(", true");
                         args.push_str(&format!(", reinterpret_cast<{ty}*>(mi_full + {})", 2 * self.stages));
+                    } else if self.ws_split_v() {
+                        tmpl.push_str(", false, true");
+                        args.push_str(", nullptr, mi_vfull");
                     }
                     wl!(s, "fa.run_ws<{tmpl}>({args});");
                 } else if f.wg.is_some() {

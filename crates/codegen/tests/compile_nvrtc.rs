@@ -307,9 +307,13 @@ fn interleaved_warp_specialised_attention_compiles() {
                 let what = p.launch_summary();
                 assert!(p.source.contains("mi::FlashWG<NT, 1, 64, 64, 128,"), "{what}");
                 assert!(p.source.contains(", true> fa;") && p.source.contains("fa.run_ws<"), "{what}");
-                // With V normalised, `run_ws` scales P by V's row factors (its VN argument).
-                let call = p.source.split("fa.run_ws<").nth(1).and_then(|c| c.split('(').next()).unwrap_or("");
-                assert_eq!(call.ends_with(", true>"), qknorm, "{what}");
+                // With V normalised, `run_ws` scales P by V's row factors (its VN argument);
+                // without, each stage's V is marked full apart from its K (SPLITV).
+                let call = p.source.split("fa.run_ws<").nth(1).and_then(|c| c.split('>').next()).unwrap_or("");
+                let targs: Vec<&str> = call.split(", ").collect();
+                assert_eq!(targs.get(1) == Some(&"true"), qknorm, "{what}");
+                assert_eq!(targs.get(2) == Some(&"true"), !qknorm, "{what}");
+                assert_eq!(p.source.contains("mi::cp_async_mbar_arrive(mi_vfull + st);"), !qknorm, "{what}");
                 assert!(
                     p.kernels.iter().any(|k| k.block == [384, 1, 1] && k.cluster.iter().product::<u32>() == cluster),
                     "{what}"

@@ -310,6 +310,7 @@ fn ws_split_v(f: &FlashRegion) -> bool {
 fn ws_barriers_bytes(stages: usize, split_v: bool) -> usize {
     ((WS_BARRIER_BYTES + if split_v { 8 } else { 0 }) * stages).next_multiple_of(16)
 }
+
 /// Bytes of the warp-specialised form's V-row factors with a normalised V (`FlashWG::run_ws`'s
 /// `rs`: two slots of 128 16-bit factors for each of the two consumer warpgroups).
 const WS_FACTOR_BYTES: usize = 2 * 2 * 128 * 2;

@@ -2122,10 +2122,13 @@ impl Ctx<'_> {
                         bg.forloop_range
                     );
                     if f.v_norm {
-                        // V's row factors, after the mbarriers.
+                        // V's row factors, after the mbarriers (`ws_barriers_bytes`).
                         let ty = self.storage[f.v].map_or("float", |st| st.cty());
+                        let at = ws_barriers_bytes(self.stages, self.ws_split_v());
                         tmpl.push_str(", true");
-                        args.push_str(&format!(", reinterpret_cast<{ty}*>(mi_full + {})", 2 * self.stages));
+                        args.push_str(&format!(
+                            ", reinterpret_cast<{ty}*>(reinterpret_cast<unsigned char*>(mi_full) + {at})"
+                        ));
                     } else if self.ws_split_v() {
                         tmpl.push_str(", false, true");
                         args.push_str(", nullptr, mi_vfull");

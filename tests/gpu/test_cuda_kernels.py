@@ -398,19 +398,46 @@ def test_interleaved_warp_specialised_attention(dtype, qknorm, b, n, cluster):
     # VN (P scaled by V's row factors) with QK-norm; else V marked full apart from K (SPLITV).
     targs = src.split("fa.run_ws<")[1].split(">")[0].split(", ")
     assert (targs[1:2] == ["true"]) == qknorm and (targs[2:3] == ["true"]) == (not qknorm)
-    tdt = getattr(torch, dtype)
-    gen = torch.Generator().manual_seed(n + b)
+    _assert_runs_close(g, *_attention_case(dtype, qknorm, b, m, n, n + b))
+
+
+def _attention_case(
+    dtype: str, qknorm: bool, b: int, m: int, n: int, seed: int
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Inputs (Q, K, V on the CPU in `dtype`) and the float64 result of softmax(Q K) V, with Q
+    and V's rows normalised where `qknorm`; V's rows span 100x in scale, so that a missed or
+    misplaced normalisation shows."""
+    gen = torch.Generator().manual_seed(seed)
     q = torch.randn(b, m, 64, generator=gen) * (1.0 if qknorm else 0.3)
     k = torch.randn(b, 64, n, generator=gen) * (0.125 if qknorm else 1.0)
-    # Rows of V of very different scales: a missed or misplaced normalisation shows.
     v = torch.randn(b, n, 64, generator=gen) * torch.logspace(-1, 1, n).view(1, n, 1)
-    cpu = [t.to(tdt) for t in (q, k, v)]
+    cpu = [t.to(getattr(torch, dtype)) for t in (q, k, v)]
     qd, kd, vd = (t.double() for t in cpu)
     if qknorm:
         qd = qd * qd.pow(2).mean(-1, keepdim=True).rsqrt()
         vd = vd * vd.pow(2).mean(-1, keepdim=True).rsqrt()
-    expect = torch.softmax(qd @ kd, -1) @ vd
-    _assert_runs_close(g, cpu, expect)
+    return cpu, torch.softmax(qd @ kd, -1) @ vd
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("qknorm", [False, True])
+@pytest.mark.parametrize("b,n,cluster", [(64, 256, 1), (64, 640, 1), (32, 1024, 2), (32, 1536, 2)])
+def test_three_warpgroup_interleaved_attention(
+    dtype: str, qknorm: bool, b: int, n: int, cluster: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MIRAGE_WS_WARPGROUPS=3: three warpgroups over the same 64 rows take the 64-key halves of
+    # the 128-key stages in turn (4 halves: 2 + 1 + 1; 10 halves: 4 + 3 + 3; in a cluster of
+    # two, 8 and 12 halves a block), merged after the loop.
+    monkeypatch.setenv("MIRAGE_WS_WARPGROUPS", "3")
+    m = 128
+    name = "qknorm_attention_one_kernel" if qknorm else "attention_one_kernel"
+    g = _one_kernel_attention(dtype, [b, m, 64, n, 1, n // 128, m // 64], 256, name)
+    src, info = _core.cuda_generate(g._core, 90)
+    assert "mi::FlashWG<NC, 1, 64, 64, 64," in src and '"block":[512,1,1]' in info
+    assert math.prod(json.loads(info)["kernels"][0]["cluster"]) == cluster
+    _assert_runs_close(g, *_attention_case(dtype, qknorm, b, m, n, n + b + 3))
+    # The program that ran is the three-warpgroup one.
+    assert "constexpr int NC = 384;" in _cuda.executable(g, torch.cuda.current_device()).source
 
 
 def test_input_checks():

@@ -2132,29 +2132,35 @@ struct FlashWG {
     }
   }
 
-  // The 1 / rms of V row (key) `lin_tid() % 128` of stage `V` (`swz<64, 8>` rows of 64),
+  // The 1 / rms of each of the NK V rows (keys) of stage `V` (`swz<64, 8>` rows of 64),
   // rounded to T, into `r` where the thread of P's key column owns it: key t = 8 j + 2 q + h
-  // (fragment j, lane quad position q, half h) at half (16 q + j) * 2 + h, so that a lane
-  // reads its 16 fragments' pairs as four 16-byte words. The row's chunks are read in the
-  // swizzled order (chunk c ^ (t % 8) at c: conflict-free, and the sum does not mind the
-  // order), each at the row's 1024-aligned stage address XOR its offset: one LOP3 a load
-  // (through `swz` the loop was about 100 instructions a step longer with its spills; QK-norm
-  // b=8 on the H100 20.4-20.8 us against 20.9-21.6).
+  // (fragment j, lane quad position q, half h) at half (NF q + j) * 2 + h (NF = NK / 8
+  // fragments), so that a lane reads its fragments' pairs as 16-byte words. A row is one
+  // thread's (128 keys) or two threads' (64 keys: half the chunks each, a shuffle). The row's
+  // chunks are read in the swizzled order (chunk c ^ (t % 8) at c: conflict-free, and the sum
+  // does not mind the order), each at the row's 1024-aligned stage address XOR its offset: one
+  // LOP3 a load (through `swz` the loop was about 100 instructions a step longer with its
+  // spills; QK-norm b=8 on the H100 20.4-20.8 us against 20.9-21.6).
   __device__ __forceinline__ void v_factor(const T* V, T* r) {
-    const int t = lin_tid() & 127;
+    static_assert(NK == 128 || NK == 64, "v_factor: 64- or 128-key steps");
+    constexpr int TPR = 128 / NK, CH = 8 / TPR;  // threads a row, chunks a thread
+    const int i = lin_tid() & 127, t = i / TPR, part = i % TPR;
     const unsigned b = ((unsigned)__cvta_generic_to_shared(V) + t * 128) | ((t & 7) << 4);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
-    for (int c = 0; c < 8; ++c) {
+    for (int c = 0; c < CH; ++c) {
       uint4 u;
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                   : "r"(b ^ (c << 4)));
+                   : "r"(b ^ ((part * CH + c) << 4)));
       const T* h = reinterpret_cast<const T*>(&u);
 #pragma unroll
       for (int e = 0; e < 8; ++e) d[e % 4] = fmaf(to_f32(h[e]), to_f32(h[e]), d[e % 4]);
     }
-    r[(16 * ((t & 7) >> 1) + (t >> 3)) * 2 + (t & 1)] = from_f32<T>(rsqrtf((d[0] + d[1] + d[2] + d[3]) * (1.0f / 64.0f)));
+    float sum = d[0] + d[1] + d[2] + d[3];
+    if constexpr (TPR == 2) sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    constexpr int NFK = NK / 8;
+    if (part == 0) r[(NFK * ((t & 7) >> 1) + (t >> 3)) * 2 + (t & 1)] = from_f32<T>(rsqrtf(sum * (1.0f / 64.0f)));
   }
 
   // The whole loop of `iters` iterations, warp-specialised (see `mbar_init`): stage u % STAGES
@@ -2189,13 +2195,21 @@ struct FlashWG {
   // With SPLITV the producer marks each stage's K full on `full` and its V on `vfull` (each
   // once its own copies landed): a step's S starts before V has landed, and the step waits
   // for V only before its P V.
-  template <int STAGES, bool VN = false, bool SPLITV = false>
+  //
+  // With SUB > 1 (ILV only) each of the producer's stages holds SUB of this loop's stages
+  // (N keys each), `ksub` and `vsub` elements apart within it (`iters` counts the loop's
+  // stages); the SUB warpgroups that take a producer stage's parts each release it (one
+  // arrival a warp). Three warpgroups of 64-key steps over 128-key producer stages fit the
+  // registers (160 a thread) that two of 128-key steps take (240).
+  template <int STAGES, bool VN = false, bool SPLITV = false, int SUB = 1>
   __device__ __forceinline__ void run_ws(const TQ* Q, const T* Kst, const T* Vst, int kel, int vel,
                                          unsigned long long* full, unsigned long long* empty, int iters,
-                                         T* rs = nullptr, unsigned long long* vfull = nullptr) {
+                                         T* rs = nullptr, unsigned long long* vfull = nullptr, int ksub = 0,
+                                         int vsub = 0) {
     static_assert(QSS && (KS == 1 || ILV) && RG == 1 && BATCH == 1, "run_ws: one row group, slices by stage");
-    static_assert(!VN || NK == 128, "run_ws: V factors of 128-key stages");
+    static_assert(!VN || NK == 128 || NK == 64, "run_ws: V factors of 64- or 128-key steps");
     static_assert(!(VN && SPLITV), "run_ws: V marked full apart only without V factors");
+    static_assert(SUB == 1 || ILV, "run_ws: sub-stages only with stages by slice");
     constexpr int NF = NB * NFC;
     typedef float SH[RG][NFC][4];
     typedef unsigned PH[RG][NFC / 2][4];
@@ -2207,14 +2221,17 @@ struct FlashWG {
     qp = Q;
     // Stage of this warpgroup's k-th step.
     auto at = [&](const int k) { return ILV ? slice + k * KS : k; };
+    // The producer stage of loop stage u (its mbarriers' index and phase follow from it).
+    auto pst = [](const int u) { return u / SUB; };
     const int mine = ILV ? (iters - slice + KS - 1) / KS : iters;
     if (mine <= 0) return;
     float sc[RG][NF][4];
     unsigned pa[RG][NF / 2][4], pb[RG][NF / 2][4];
-    mbar_wait(full + at(0) % STAGES, (at(0) / STAGES) & 1);
+    mbar_wait(full + pst(at(0)) % STAGES, (pst(at(0)) / STAGES) & 1);
     fence_proxy_async();
 #pragma unroll
-    for (int j = 0; j < NB; ++j) qk(Kst + (at(0) % STAGES) * kel, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
+    for (int j = 0; j < NB; ++j)
+      qk(Kst + (pst(at(0)) % STAGES) * kel + (at(0) % SUB) * ksub, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
     // This warpgroup's factor slots and its barrier (named barrier 2 + its index).
     const int wg = (lin_tid() >> 7) % NWG;
     T* const rw = VN ? rs + wg * 2 * NK : nullptr;
@@ -2224,13 +2241,13 @@ struct FlashWG {
     // every wgmma group is unconditional (ptxas serialises the wgmma of a pipeline with
     // conditional ones).
     auto stage = [&](const int k, const bool more, const bool first, unsigned (&p)[RG][NF / 2][4]) {
-      const int u = at(k), un = at(k + 1), cur = u % STAGES, nxt = un % STAGES;
+      const int u = at(k), un = at(k + 1), cur = pst(u) % STAGES, nxt = pst(un) % STAGES;
       // P V of the previous stage ran beside this softmax; it has retired by now (issued a
       // softmax ago), so the wait is short and the whole warpgroup's; then the O rescale the
       // softmax may have deferred.
       // With VN, this stage's factors beside the softmax (independent of it: the compiler
       // interleaves them), into slot k % 2.
-      if constexpr (VN) v_factor(Vst + cur * vel, rw + (k & 1) * NK);
+      if constexpr (VN) v_factor(Vst + cur * vel + (u % SUB) * vsub, rw + (k & 1) * NK);
       st.template softmax<NF, T, true>(sc, p);
       wg_wait<0>();
       wg_pin(st.o[0]);
@@ -2238,7 +2255,7 @@ struct FlashWG {
       // The previous stage's P V has retired: its stage is free.
       if (!first) {
         __syncwarp();
-        if (lane == 0) mbar_arrive(empty + at(k - 1) % STAGES);
+        if (lane == 0) mbar_arrive(empty + pst(at(k - 1)) % STAGES);
       }
       unsigned w[VN ? NF : 1];
       if constexpr (VN) {
@@ -2256,10 +2273,10 @@ struct FlashWG {
         }
       }
       if (more) {
-        mbar_wait(full + nxt, (un / STAGES) & 1);
+        mbar_wait(full + nxt, (pst(un) / STAGES) & 1);
         fence_proxy_async();
 #pragma unroll
-        for (int j = 0; j < NB; ++j) qk(Kst + nxt * kel, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
+        for (int j = 0; j < NB; ++j) qk(Kst + nxt * kel + (un % SUB) * ksub, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
       }
       if constexpr (VN) {
         // Word e of P's pair jj holds fragment 2 jj + e / 2 (rows g and g + 8 alike).
@@ -2270,11 +2287,11 @@ struct FlashWG {
       }
       if constexpr (SPLITV) {
         // This stage's V, marked full apart from its K (which `full` covered).
-        mbar_wait(vfull + cur, (u / STAGES) & 1);
+        mbar_wait(vfull + cur, (pst(u) / STAGES) & 1);
         fence_proxy_async();
       }
 #pragma unroll
-      for (int j = 0; j < NB; ++j) pv(reinterpret_cast<PH&>(p[0][j * (NFC / 2)]), Vst + cur * vel, j);
+      for (int j = 0; j < NB; ++j) pv(reinterpret_cast<PH&>(p[0][j * (NFC / 2)]), Vst + cur * vel + (u % SUB) * vsub, j);
       if (more) {
         wg_wait<NB>();
         wg_pin(sc[0]);

@@ -96,7 +96,8 @@ pub(crate) struct Emitted {
     /// Blocks per thread-block cluster along each grid axis (all 1: no clusters). The kernel
     /// is launched with the block graph's grid times this.
     pub cluster: [usize; 3],
-    /// Threads the kernel adds to the block graph's (a producer warpgroup: 128, else 0).
+    /// Threads the kernel adds to the block graph's (a producer warpgroup: 128, and a third
+    /// attention warpgroup with `ws_three`: 256; else 0).
     pub extra_threads: usize,
 }
 
@@ -127,6 +128,8 @@ struct Ctx<'a> {
     acc_scratch: Vec<Option<(usize, usize)>>,
     /// Warp-specialised loop (`FlashWG::run_ws`): the byte offset of its stage mbarriers.
     ws: Option<usize>,
+    /// The interleaved warp-specialised loop on three consumer warpgroups ([`ws_three`]).
+    ws3: bool,
 }
 
 /// How an input tile sits in shared memory.
@@ -182,7 +185,16 @@ impl Layout {
 
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
 /// `arch` (e.g. 90) picks the attention form: on sm_90 the warpgroup one where it fits.
-pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBuffer], arch: u32) -> Result<Emitted> {
+/// `wgs`: consumer warpgroups of the interleaved warp-specialised attention loop (2, or 3 for
+/// [`ws_three`]).
+pub(crate) fn emit(
+    name: &str,
+    bg: &BlockGraph,
+    ins: &[DevBuffer],
+    outs: &[DevBuffer],
+    arch: u32,
+    wgs: usize,
+) -> Result<Emitted> {
     if let Some(e) = crate::rowreg::emit(name, bg, ins, outs)? {
         return Ok(e);
     }
@@ -197,7 +209,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         let mut most = MAX_CLUSTER_SPLIT;
         while let Some((axis, cs, split)) = bg.cluster_split_within(most) {
             for mode in [FlashMode::Wgmma, FlashMode::Off] {
-                if let Some(mut e) = emit_with(name, &split, ins, outs, mode, cs)? {
+                if let Some(mut e) = emit_with(name, &split, ins, outs, mode, cs, wgs)? {
                     if e.smem_bytes <= SM90_SMEM_BYTES {
                         e.cluster[axis] = cs;
                         return Ok(e);
@@ -213,7 +225,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         &[FlashMode::Mma, FlashMode::Off]
     };
     for &mode in modes {
-        if let Some(e) = emit_with(name, bg, ins, outs, mode, 1)? {
+        if let Some(e) = emit_with(name, bg, ins, outs, mode, 1, wgs)? {
             return Ok(e);
         }
     }
@@ -285,6 +297,25 @@ fn ws_interleaved(f: &FlashRegion) -> bool {
     f.wg == Some((1, 2)) && f.m == 64
 }
 
+/// Threads of the third consumer warpgroup of [`ws_three`].
+const WS3_THREADS: usize = 128;
+/// Registers a consumer thread of [`ws_three`] takes: 3 * 128 * 160 + 128 * 24 of 65536 (ptxas
+/// spills nothing at 152 or 160 in the 64-key steps; GQA b=8's prototype spilled 52 bytes at 144).
+const WS3_CONSUMER_REGS: usize = 160;
+
+/// Whether the interleaved warp-specialised form runs on three consumer warpgroups (`wgs` 3,
+/// `Options::ws_warpgroups`): each takes every third 64-key half of the producer's 128-key
+/// stages (`run_ws`'s SUB = 2), which keeps S, P and O in 160 registers a thread where two
+/// warpgroups of 128-key steps take 240. The block graph's 256 threads run every step; a
+/// third warpgroup (threads 256 to 383) joins for the loop and the slices' merge only. Hand
+/// edits of saved winners with ten 64-key producer stages took, on the H100 (the bench's
+/// timing), GQA b=8 15.8 us against 16.6 and QK-norm b=8 18.9-19.1 against 20.4-20.9; this
+/// form keeps the producer's six 128-key stages (each released by the two warpgroups of its
+/// halves) and is not yet measured or GPU-tested, so it is not the default.
+fn ws_three(f: &FlashRegion, wgs: usize) -> bool {
+    wgs == 3 && ws_interleaved(f) && f.n == 128 && f.dv == 64
+}
+
 /// Pipeline stages of the interleaved warp-specialised form (three a warpgroup: 192 KB of
 /// 128-key K and V stages at 16-bit). With four, a warpgroup released a stage and at once
 /// waited for the copy into it (GQA b=8 on the H100: 20.5 us; 16.0-16.7 with six, 17.1 for the
@@ -332,6 +363,7 @@ fn emit_with(
     outs: &[DevBuffer],
     mode: FlashMode,
     cluster: usize,
+    wgs: usize,
 ) -> Result<Option<Emitted>> {
     let nt: usize = bg.block_dim.iter().product();
     let n_ops = bg.ops.len();
@@ -912,6 +944,9 @@ fn emit_with(
     // Buffers for a stage count, with in-place element-wise groups; first-fit placement. The
     // accumulators' scratch buffers follow the tiles' (from the returned index, in
     // `acc_scratch` order), the attention combine scratch comes last.
+    // The interleaved warp-specialised form on three consumer warpgroups merges three slices.
+    let ws3 = fr.as_ref().is_some_and(|f| ws_three(f, wgs) && ws_form(bg, nt, f, &layout, &steps));
+    let combine = |f: &FlashRegion| if ws3 { f.combine_bytes_slices(3, cluster) } else { f.combine_bytes(nt, cluster) };
     let plan = |stages: usize| -> (Vec<Buffer>, Vec<Option<usize>>, usize, usize) {
         let mut buffers: Vec<Buffer> = Vec::new();
         let mut buf_of: Vec<Option<usize>> = vec![None; n_t];
@@ -969,7 +1004,7 @@ fn emit_with(
             buffers.push(Buffer { size: bytes, start: span.0, end: span.1, offset: 0, align: SMEM_ALIGN });
         }
         if let (Some(f), Some(pos)) = (&fr, flash_end) {
-            let bytes = f.combine_bytes(nt, cluster);
+            let bytes = combine(f);
             if bytes > 0 {
                 buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0, align: SMEM_ALIGN });
             }
@@ -1011,7 +1046,7 @@ fn emit_with(
 
     // The combine scratch is the last buffer `plan` pushed.
     let flash = fr.map(|f| {
-        let off = (f.combine_bytes(nt, cluster) > 0).then(|| buffers.last().map_or(0, |b| b.offset));
+        let off = (combine(&f) > 0).then(|| buffers.last().map_or(0, |b| b.offset));
         (f, off)
     });
     let mut acc_scratch_at: Vec<Option<(usize, usize)>> = vec![None; n_ops];
@@ -1041,6 +1076,7 @@ fn emit_with(
         merged_by_step,
         acc_scratch: acc_scratch_at,
         ws: None,
+        ws3,
     };
     // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.
     let has_matmul = steps.iter().any(|(_, st)| matches!(st, Step::Matmul { .. }));
@@ -1054,7 +1090,7 @@ fn emit_with(
         let factors = if ctx.flash.as_ref().is_some_and(|(f, _)| f.v_norm) { WS_FACTOR_BYTES } else { 0 };
         total = off + ws_barriers_bytes(ctx.stages, ctx.ws_split_v()) + factors;
         ctx.ws = Some(off);
-        extra_threads = WS_PRODUCER_THREADS;
+        extra_threads = WS_PRODUCER_THREADS + if ws3 { WS3_THREADS } else { 0 };
     }
     let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, scratch, total)?;
     Ok(Some(Emitted { source: src, smem_bytes: total, cluster: [1; 3], extra_threads }))
@@ -1322,7 +1358,15 @@ impl Ctx<'_> {
         wl!(s, "  if (tid == 0) {{");
         wl!(s, "    for (int i = 0; i < {st}; ++i) {{");
         wl!(s, "      mi::mbar_init(mi_full + i, {WS_PRODUCER_THREADS});");
-        let readers = if self.ws_interleaved() { self.nt / 64 } else { self.nt / 32 };
+        // Consumer warps releasing a stage: its warpgroup's four (interleaved; with a third
+        // warpgroup, each of a stage's two halves: eight), else every consumer warp.
+        let readers = if self.ws3 {
+            8
+        } else if self.ws_interleaved() {
+            self.nt / 64
+        } else {
+            self.nt / 32
+        };
         wl!(s, "      mi::mbar_init(mi_empty + i, {readers});");
         if split {
             wl!(s, "      mi::mbar_init(mi_vfull + i, {WS_PRODUCER_THREADS});");
@@ -1330,10 +1374,11 @@ impl Ctx<'_> {
         wl!(s, "    }}");
         wl!(s, "  }}");
         wl!(s, "  __syncthreads();");
-        wl!(s, "  if (tid >= NT) {{ // the producer");
+        let consumers = self.nt + if self.ws3 { WS3_THREADS } else { 0 };
+        wl!(s, "  if (tid >= {}) {{ // the producer", if self.ws3 { "NC" } else { "NT" });
         wl!(s, "    mi::setmaxnreg_dec<{WS_PRODUCER_REGS}>();");
         wl!(s, "    constexpr int NT = {WS_PRODUCER_THREADS};");
-        wl!(s, "    const int tid = mi::lin_tid() - {};", self.nt);
+        wl!(s, "    const int tid = mi::lin_tid() - {consumers};");
         wl!(s, "#pragma unroll 1");
         wl!(s, "    for (int it = 0; it < {range}; ++it) {{");
         wl!(s, "      const int st = it % {st};");
@@ -1372,7 +1417,7 @@ impl Ctx<'_> {
         }
         wl!(s, "    return;");
         wl!(s, "  }}");
-        wl!(s, "  mi::setmaxnreg_inc<{WS_CONSUMER_REGS}>();");
+        wl!(s, "  mi::setmaxnreg_inc<{}>();", if self.ws3 { WS3_CONSUMER_REGS } else { WS_CONSUMER_REGS });
         Ok(s)
     }
 
@@ -1383,6 +1428,16 @@ impl Ctx<'_> {
             "mi::bar_sync_n<NT>();"
         } else {
             "__syncthreads();"
+        }
+    }
+
+    /// [`Self::sync`], over the third attention warpgroup too where `wide` ([`ws_three`]: from
+    /// the loop to the slices' merge).
+    fn sync_wide(&self, wide: bool) -> &'static str {
+        if wide {
+            "mi::bar_sync_n<NC>();"
+        } else {
+            self.sync()
         }
     }
 
@@ -1698,7 +1753,7 @@ impl Ctx<'_> {
         let two =
             self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt == 256 && wg.is_none_or(|(_, ks)| ks == 2);
         let bounds = if self.ws.is_some() {
-            format!("{}, 1", self.nt + WS_PRODUCER_THREADS)
+            format!("{}, 1", self.nt + WS_PRODUCER_THREADS + if self.ws3 { WS3_THREADS } else { 0 })
         } else if two {
             format!("{}, 2", self.nt)
         } else {
@@ -1707,6 +1762,9 @@ impl Ctx<'_> {
         s.push_str(&kernel_open(&bounds, name, &params, self.nt, &self.prefetches(steps)));
         wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wg.is_some() { WG_ALIGN } else { 16 });
         wl!(s, "  constexpr int NT = {};", self.nt);
+        if self.ws3 {
+            wl!(s, "  constexpr int NC = {}; // consumers: NT and a third attention warpgroup", self.nt + WS3_THREADS);
+        }
         wl!(s, "  const int tid = mi::lin_tid();");
         wl!(s, "  (void)tid;");
         if let Some(off) = scratch {
@@ -1735,6 +1793,13 @@ impl Ctx<'_> {
         if let Some(off) = self.ws {
             s.push_str(&self.ws_producer(off, &staged)?);
         }
+        // With a third attention warpgroup (`ws_three`): the block graph's threads alone run
+        // the steps before the loop (closed where the loop starts).
+        if self.ws3 {
+            wl!(s, "  if (tid < NT) {{ // the third attention warpgroup joins at the loop");
+        }
+        // Whether barriers span the third attention warpgroup too (the loop to `finish`).
+        let mut wide = false;
         // Barriers only where a step reads bytes written, or writes bytes touched, since the
         // last barrier (buffers share memory across lifetimes, so this is by byte range).
         let mut dirty_w: Vec<(usize, usize)> = Vec::new();
@@ -1780,6 +1845,10 @@ impl Ctx<'_> {
                 early = false;
             }
             if *sec == Section::Loop && !in_loop {
+                if self.ws3 {
+                    wl!(s, "  }}");
+                    wide = true;
+                }
                 for (_, st) in steps {
                     if let Step::MatAcc { op, acc } = *st {
                         wl!(s, "  {} mm{acc};", self.mma_acc_type(op));
@@ -1796,13 +1865,14 @@ impl Ctx<'_> {
                     let tq = self.storage[f.q].map_or("float", Storage::cty);
                     if let Some((rg, ks)) = f.wg {
                         let ilv = if self.ws.is_some() && self.ws_interleaved() { ", true" } else { "" };
+                        // Three warpgroups take 64-key halves of the 128-key stages.
+                        let (threads, n, ks) = if self.ws3 { ("NC", f.n / 2, 3) } else { ("NT", f.n, ks) };
                         wl!(
                             s,
-                            "  mi::FlashWG<NT, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}, {}, {}{ilv}> fa;",
+                            "  mi::FlashWG<{threads}, {}, {}, {}, {n}, {}, {rg}, {ks}, {ty}, {tq}, {}, {}{ilv}> fa;",
                             f.batch,
                             f.m,
                             f.d,
-                            f.n,
                             ld(f.q),
                             self.layout[f.q].is_some_and(|l| l.swz.is_some()),
                             f.x.is_some()
@@ -1831,7 +1901,11 @@ impl Ctx<'_> {
                             s,
                             "  static_assert(decltype(fa)::scratch_floats<{}>() * 4 <= {}, \"attention combine scratch\");",
                             self.cluster.max(1),
-                            f.combine_bytes(self.nt, self.cluster)
+                            if self.ws3 {
+                                f.combine_bytes_slices(3, self.cluster)
+                            } else {
+                                f.combine_bytes(self.nt, self.cluster)
+                            }
                         );
                     }
                     wl!(s, "  fa.init();");
@@ -1851,7 +1925,7 @@ impl Ctx<'_> {
                     // tensor cores first.
                     wl!(s, "  mi::cp_async_wait<0>();");
                     wl!(s, "  mi::fence_proxy_async();");
-                    wl!(s, "  {}", self.sync());
+                    wl!(s, "  {}", self.sync_wide(wide));
                     pending.clear();
                 } else {
                     if wg.is_some() {
@@ -1963,7 +2037,7 @@ impl Ctx<'_> {
                 }
             }
             if overlaps(&r, &dirty_w) || overlaps(&w, &dirty_w) || overlaps(&w, &dirty_r) {
-                wl!(s, "{ind}{}", self.sync());
+                wl!(s, "{ind}{}", self.sync_wide(wide));
                 dirty_w.clear();
                 dirty_w.extend(ranges_of(&pending));
                 dirty_r.clear();
@@ -1988,6 +2062,10 @@ impl Ctx<'_> {
             };
             for l in body.lines() {
                 wl!(s, "{ind}{l}");
+            }
+            if wide && matches!(step, Step::FlashEnd) {
+                wl!(s, "  if (tid >= NT) return; // the third attention warpgroup: merged");
+                wide = false;
             }
             dirty_w.extend(w);
             dirty_r.extend(r);
@@ -2115,20 +2193,31 @@ impl Ctx<'_> {
                 if self.ws.is_some() {
                     // The whole loop, over the stages the producer fills.
                     let mut tmpl = self.stages.to_string();
+                    let sub = if self.ws3 { 2 } else { 1 };
                     let mut args = format!(
                         "{q}, {k}_st, {v}_st, {}, {}, mi_full, mi_empty, {}",
                         self.stage_elems(f.k),
                         self.stage_elems(f.v),
-                        bg.forloop_range
+                        bg.forloop_range * sub
                     );
+                    let (mut vn, mut split) = ("false", "false");
+                    let (mut rs, mut vfull) = ("nullptr".to_string(), "nullptr");
                     if f.v_norm {
                         // V's row factors, after the mbarriers (`ws_barriers_bytes`).
                         let ty = self.storage[f.v].map_or("float", |st| st.cty());
                         let at = ws_barriers_bytes(self.stages, self.ws_split_v());
+                        vn = "true";
+                        rs = format!("reinterpret_cast<{ty}*>(reinterpret_cast<unsigned char*>(mi_full) + {at})");
+                    } else if self.ws_split_v() {
+                        (split, vfull) = ("true", "mi_vfull");
+                    }
+                    if sub > 1 {
+                        // A half stage: K's second column block of 64 keys, V's rows 64 on.
+                        tmpl.push_str(&format!(", {vn}, {split}, {sub}"));
+                        args.push_str(&format!(", {rs}, {vfull}, {}, {}", 64 * f.batch * f.d, 64 * f.dv));
+                    } else if f.v_norm {
                         tmpl.push_str(", true");
-                        args.push_str(&format!(
-                            ", reinterpret_cast<{ty}*>(reinterpret_cast<unsigned char*>(mi_full) + {at})"
-                        ));
+                        args.push_str(&format!(", {rs}"));
                     } else if self.ws_split_v() {
                         tmpl.push_str(", false, true");
                         args.push_str(", nullptr, mi_vfull");

@@ -145,11 +145,18 @@ impl FlashRegion {
             // `mi::FlashWG::finish`: one slot of `FlashRows::SLOT_FLOATS` (a warpgroup's 128
             // threads, each its O fragments plus m and l per row group) per extra slice or
             // rank, batch item and warpgroup's rows.
-            Some((_, ks)) => (ks - 1 + cs - 1) * self.batch * (self.m / 64) * 128 * (self.dv / 2 + 4) * 4,
+            Some((_, ks)) => self.combine_bytes_slices(ks, cs),
             // `mi::Flash::finish`: one slot (a warp's 32 threads) per extra slice, batch item
             // and warp's rows (no cluster form).
             None => (self.warps(nt).1 - 1) * self.batch * (self.m / 16) * 32 * (self.dv / 8 + 1) * 4 * 4,
         }
+    }
+
+    /// [`Self::combine_bytes`] of the warpgroup form over `ks` key slices (a form that runs
+    /// more slices than the block graph's warpgroups hold, such as three warpgroups of 64
+    /// rows).
+    pub fn combine_bytes_slices(&self, ks: usize, cluster: usize) -> usize {
+        (ks - 1 + cluster.max(1) - 1) * self.batch * (self.m / 64) * 128 * (self.dv / 2 + 4) * 4
     }
 }
 

@@ -23,12 +23,28 @@ pub struct Options {
     /// Per-block shared-memory limit to enforce (the device's opt-in limit); `None` checks
     /// nothing (compile-only use, the limit is checked when the module is loaded).
     pub smem_limit: Option<usize>,
+    /// Consumer warpgroups of the interleaved warp-specialised attention loop: 2, or 3
+    /// (64-key halves of each stage in turn; experimental, see `block_kernel::ws_three`).
+    pub ws_warpgroups: usize,
 }
 
 impl Options {
-    /// Options for `arch` with no shared-memory check.
+    /// Options for `arch` with no shared-memory check and two attention warpgroups.
     pub fn for_arch(arch: u32) -> Self {
-        Options { arch, smem_limit: None }
+        Options { arch, smem_limit: None, ws_warpgroups: 2 }
+    }
+
+    /// [`Self::for_arch`] with the attention warpgroups the environment asks for.
+    pub fn for_arch_from_env(arch: u32) -> Self {
+        Options { ws_warpgroups: Self::ws_warpgroups_from_env(), ..Self::for_arch(arch) }
+    }
+
+    /// The attention warpgroups `MIRAGE_WS_WARPGROUPS` asks for (3; anything else: 2).
+    pub fn ws_warpgroups_from_env() -> usize {
+        match std::env::var("MIRAGE_WS_WARPGROUPS").as_deref().map(str::trim) {
+            Ok("3") => 3,
+            _ => 2,
+        }
     }
 }
 
@@ -163,7 +179,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
             KernelOpKind::Customized { graph } => {
                 let in_bufs: Vec<DevBuffer> = ins.iter().map(|b| (*b).clone()).collect();
                 let out_bufs: Vec<DevBuffer> = outs.iter().map(|b| (*b).clone()).collect();
-                let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch)?;
+                let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch, opts.ws_warpgroups)?;
                 let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);
                 let mut block = graph.block_dim.map(|x| x as u32);
                 block[0] += e.extra_threads as u32;

@@ -290,38 +290,80 @@ fn warp_specialised_attention_compiles() {
     }
 }
 
-#[test]
-fn interleaved_warp_specialised_attention_compiles() {
-    // Two warpgroups over the same 64 rows taking 128-key stages in turn (`FlashWG`'s ILV),
-    // with and without a cluster split (64 blocks split in two, 128 unsplit), with and
-    // without Q and V normalised (P scaled by V's row factors: `run_ws`'s VN).
-    if !setup() {
-        return;
-    }
+/// The interleaved form's test graphs: fp16 and bf16, 64 blocks split in a cluster of two or
+/// 128 unsplit, with and without Q and V normalised: `(dtype, blocks, cluster, qknorm, graph)`.
+fn interleaved_cases() -> Vec<(DType, usize, u32, bool, KernelGraph)> {
+    let mut cases = Vec::new();
     for dt in [DType::Float16, DType::Bfloat16] {
         for (b, cluster) in [(32, 2), (64, 1)] {
             for qknorm in [false, true] {
                 let a = Attn { b, h: 128, d: 64, s: 1024, splits: 1, frange: 8, qsplit: 2 };
                 let g = if qknorm { one_kernel_qknorm_attention(a, dt, 256) } else { one_kernel_attention(a, dt, 256) };
-                let p = generate(&g, &Options::for_arch(90)).unwrap();
-                let what = p.launch_summary();
-                assert!(p.source.contains("mi::FlashWG<NT, 1, 64, 64, 128,"), "{what}");
-                assert!(p.source.contains(", true> fa;") && p.source.contains("fa.run_ws<"), "{what}");
-                // With V normalised, `run_ws` scales P by V's row factors (its VN argument);
-                // without, each stage's V is marked full apart from its K (SPLITV).
-                let call = p.source.split("fa.run_ws<").nth(1).and_then(|c| c.split('>').next()).unwrap_or("");
-                let targs: Vec<&str> = call.split(", ").collect();
-                assert_eq!(targs.get(1) == Some(&"true"), qknorm, "{what}");
-                assert_eq!(targs.get(2) == Some(&"true"), !qknorm, "{what}");
-                assert_eq!(p.source.contains("mi::cp_async_mbar_arrive(mi_vfull + st);"), !qknorm, "{what}");
-                assert!(
-                    p.kernels.iter().any(|k| k.block == [384, 1, 1] && k.cluster.iter().product::<u32>() == cluster),
-                    "{what}"
-                );
-                if let Err(e) = nvrtc::compile(&p.source, 90) {
-                    panic!("interleaved attention ({}, {b} blocks, qknorm {qknorm}) failed to compile: {e}", dt.name());
-                }
+                cases.push((dt, b, cluster, qknorm, g));
             }
+        }
+    }
+    cases
+}
+
+/// The template arguments of the source's `fa.run_ws<...>` call.
+fn run_ws_targs(src: &str) -> Vec<String> {
+    let call = src.split("fa.run_ws<").nth(1).and_then(|c| c.split('>').next()).unwrap_or("");
+    call.split(", ").map(str::to_string).collect()
+}
+
+#[test]
+fn interleaved_warp_specialised_attention_compiles() {
+    // Two warpgroups over the same 64 rows taking 128-key stages in turn (`FlashWG`'s ILV),
+    // with and without a cluster split, with and without Q and V normalised (P scaled by V's
+    // row factors: `run_ws`'s VN).
+    if !setup() {
+        return;
+    }
+    for (dt, b, cluster, qknorm, g) in interleaved_cases() {
+        let p = generate(&g, &Options::for_arch(90)).unwrap();
+        let what = p.launch_summary();
+        assert!(p.source.contains("mi::FlashWG<NT, 1, 64, 64, 128,"), "{what}");
+        assert!(p.source.contains(", true> fa;") && p.source.contains("fa.run_ws<"), "{what}");
+        assert!(!p.source.contains("  constexpr int NC = "), "{what}");
+        // With V normalised, `run_ws` scales P by V's row factors (its VN argument); without,
+        // each stage's V is marked full apart from its K (SPLITV).
+        let targs = run_ws_targs(&p.source);
+        assert_eq!(targs.get(1).is_some_and(|t| t == "true"), qknorm, "{what}");
+        assert_eq!(targs.get(2).is_some_and(|t| t == "true"), !qknorm, "{what}");
+        assert_eq!(p.source.contains("mi::cp_async_mbar_arrive(mi_vfull + st);"), !qknorm, "{what}");
+        assert!(
+            p.kernels.iter().any(|k| k.block == [384, 1, 1] && k.cluster.iter().product::<u32>() == cluster),
+            "{what}"
+        );
+        if let Err(e) = nvrtc::compile(&p.source, 90) {
+            panic!("interleaved attention ({}, {b} blocks, qknorm {qknorm}) failed to compile: {e}", dt.name());
+        }
+    }
+}
+
+#[test]
+fn three_warpgroup_interleaved_attention_compiles() {
+    // `Options::ws_warpgroups` 3: the interleaved form on three consumer warpgroups taking the
+    // 64-key halves of the 128-key stages in turn (`run_ws`'s SUB = 2), 512 threads a block.
+    if !setup() {
+        return;
+    }
+    for (dt, b, cluster, qknorm, g) in interleaved_cases() {
+        let p = generate(&g, &Options { ws_warpgroups: 3, ..Options::for_arch(90) }).unwrap();
+        let what = p.launch_summary();
+        assert!(p.source.contains("constexpr int NC = 384;"), "{what}");
+        assert!(p.source.contains("mi::FlashWG<NC, 1, 64, 64, 64,"), "{what}");
+        assert!(p.source.contains("if (tid >= NT) return; // the third attention warpgroup"), "{what}");
+        let targs = run_ws_targs(&p.source);
+        assert_eq!(targs.get(1).is_some_and(|t| t == "true"), qknorm, "{what}");
+        assert_eq!(targs.get(3).map(String::as_str), Some("2"), "{what}");
+        assert!(
+            p.kernels.iter().any(|k| k.block == [512, 1, 1] && k.cluster.iter().product::<u32>() == cluster),
+            "{what}"
+        );
+        if let Err(e) = nvrtc::compile(&p.source, 90) {
+            panic!("three-warpgroup attention ({}, {b} blocks, qknorm {qknorm}) failed to compile: {e}", dt.name());
         }
     }
 }

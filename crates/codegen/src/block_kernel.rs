@@ -1076,7 +1076,7 @@ fn emit_with(
         merged_by_step,
         acc_scratch: acc_scratch_at,
         ws: None,
-        ws3,
+        ws3: false,
     };
     // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.
     let has_matmul = steps.iter().any(|(_, st)| matches!(st, Step::Matmul { .. }));
@@ -1090,6 +1090,8 @@ fn emit_with(
         let factors = if ctx.flash.as_ref().is_some_and(|(f, _)| f.v_norm) { WS_FACTOR_BYTES } else { 0 };
         total = off + ws_barriers_bytes(ctx.stages, ctx.ws_split_v()) + factors;
         ctx.ws = Some(off);
+        // (Without the warp-specialised loop, `ws3`'s larger combine scratch goes unused.)
+        ctx.ws3 = ws3;
         extra_threads = WS_PRODUCER_THREADS + if ws3 { WS3_THREADS } else { 0 };
     }
     let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, scratch, total)?;

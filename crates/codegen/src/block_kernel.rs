@@ -316,6 +316,16 @@ fn ws_three(f: &FlashRegion, wgs: usize) -> bool {
     wgs == 3 && ws_interleaved(f) && f.n == 128 && f.dv == 64
 }
 
+/// Bytes of the attention's combine scratch: `FlashRegion::combine_bytes`, or three slices'
+/// with [`ws_three`].
+fn combine_bytes(f: &FlashRegion, nt: usize, cluster: usize, ws3: bool) -> usize {
+    if ws3 {
+        f.combine_bytes_slices(3, cluster)
+    } else {
+        f.combine_bytes(nt, cluster)
+    }
+}
+
 /// Pipeline stages of the interleaved warp-specialised form (three a warpgroup: 192 KB of
 /// 128-key K and V stages at 16-bit). With four, a warpgroup released a stage and at once
 /// waited for the copy into it (GQA b=8 on the H100: 20.5 us; 16.0-16.7 with six, 17.1 for the
@@ -946,7 +956,7 @@ fn emit_with(
     // `acc_scratch` order), the attention combine scratch comes last.
     // The interleaved warp-specialised form on three consumer warpgroups merges three slices.
     let ws3 = fr.as_ref().is_some_and(|f| ws_three(f, wgs) && ws_form(bg, nt, f, &layout, &steps));
-    let combine = |f: &FlashRegion| if ws3 { f.combine_bytes_slices(3, cluster) } else { f.combine_bytes(nt, cluster) };
+    let combine = |f: &FlashRegion| combine_bytes(f, nt, cluster, ws3);
     let plan = |stages: usize| -> (Vec<Buffer>, Vec<Option<usize>>, usize, usize) {
         let mut buffers: Vec<Buffer> = Vec::new();
         let mut buf_of: Vec<Option<usize>> = vec![None; n_t];
@@ -1092,7 +1102,7 @@ fn emit_with(
         ctx.ws = Some(off);
         // (Without the warp-specialised loop, `ws3`'s larger combine scratch goes unused.)
         ctx.ws3 = ws3;
-        extra_threads = WS_PRODUCER_THREADS + if ws3 { WS3_THREADS } else { 0 };
+        extra_threads = ctx.consumers() - nt + WS_PRODUCER_THREADS;
     }
     let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, scratch, total)?;
     Ok(Some(Emitted { source: src, smem_bytes: total, cluster: [1; 3], extra_threads }))
@@ -1376,11 +1386,10 @@ impl Ctx<'_> {
         wl!(s, "    }}");
         wl!(s, "  }}");
         wl!(s, "  __syncthreads();");
-        let consumers = self.nt + if self.ws3 { WS3_THREADS } else { 0 };
         wl!(s, "  if (tid >= {}) {{ // the producer", if self.ws3 { "NC" } else { "NT" });
         wl!(s, "    mi::setmaxnreg_dec<{WS_PRODUCER_REGS}>();");
         wl!(s, "    constexpr int NT = {WS_PRODUCER_THREADS};");
-        wl!(s, "    const int tid = mi::lin_tid() - {consumers};");
+        wl!(s, "    const int tid = mi::lin_tid() - {};", self.consumers());
         wl!(s, "#pragma unroll 1");
         wl!(s, "    for (int it = 0; it < {range}; ++it) {{");
         wl!(s, "      const int st = it % {st};");
@@ -1431,6 +1440,12 @@ impl Ctx<'_> {
         } else {
             "__syncthreads();"
         }
+    }
+
+    /// Threads that run the attention loop: the block graph's, and a third warpgroup with
+    /// [`ws_three`].
+    fn consumers(&self) -> usize {
+        self.nt + if self.ws3 { WS3_THREADS } else { 0 }
     }
 
     /// [`Self::sync`], over the third attention warpgroup too where `wide` ([`ws_three`]: from
@@ -1755,7 +1770,7 @@ impl Ctx<'_> {
         let two =
             self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt == 256 && wg.is_none_or(|(_, ks)| ks == 2);
         let bounds = if self.ws.is_some() {
-            format!("{}, 1", self.nt + WS_PRODUCER_THREADS + if self.ws3 { WS3_THREADS } else { 0 })
+            format!("{}, 1", self.consumers() + WS_PRODUCER_THREADS)
         } else if two {
             format!("{}, 2", self.nt)
         } else {
@@ -1765,7 +1780,7 @@ impl Ctx<'_> {
         wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wg.is_some() { WG_ALIGN } else { 16 });
         wl!(s, "  constexpr int NT = {};", self.nt);
         if self.ws3 {
-            wl!(s, "  constexpr int NC = {}; // consumers: NT and a third attention warpgroup", self.nt + WS3_THREADS);
+            wl!(s, "  constexpr int NC = {}; // consumers: NT and a third attention warpgroup", self.consumers());
         }
         wl!(s, "  const int tid = mi::lin_tid();");
         wl!(s, "  (void)tid;");
@@ -1903,11 +1918,7 @@ impl Ctx<'_> {
                             s,
                             "  static_assert(decltype(fa)::scratch_floats<{}>() * 4 <= {}, \"attention combine scratch\");",
                             self.cluster.max(1),
-                            if self.ws3 {
-                                f.combine_bytes_slices(3, self.cluster)
-                            } else {
-                                f.combine_bytes(self.nt, self.cluster)
-                            }
+                            combine_bytes(f, self.nt, self.cluster, self.ws3)
                         );
                     }
                     wl!(s, "  fa.init();");
@@ -2213,17 +2224,22 @@ impl Ctx<'_> {
                     } else if self.ws_split_v() {
                         (split, vfull) = ("true", "mi_vfull");
                     }
-                    if sub > 1 {
-                        // A half stage: K's second column block of 64 keys, V's rows 64 on.
-                        tmpl.push_str(&format!(", {vn}, {split}, {sub}"));
-                        args.push_str(&format!(", {rs}, {vfull}, {}, {}", 64 * f.batch * f.d, 64 * f.dv));
-                    } else if f.v_norm {
-                        tmpl.push_str(", true");
-                        args.push_str(&format!(", {rs}"));
-                    } else if self.ws_split_v() {
-                        tmpl.push_str(", false, true");
-                        args.push_str(", nullptr, mi_vfull");
-                    }
+                    // A half stage: K's second column block of 64 keys, V's rows 64 on.
+                    let (ksub, vsub) = if sub > 1 { (64 * f.batch * f.d, 64 * f.dv) } else { (0, 0) };
+                    // The optional template arguments and parameters, up to the last one that
+                    // is not its default.
+                    let trail = |given: Vec<String>, defaults: &[&str]| {
+                        let keep = (0..given.len()).rev().find(|&i| given[i] != defaults[i]).map_or(0, |i| i + 1);
+                        given[..keep].iter().map(|g| format!(", {g}")).collect::<String>()
+                    };
+                    tmpl.push_str(&trail(
+                        vec![vn.to_string(), split.to_string(), sub.to_string()],
+                        &["false", "false", "1"],
+                    ));
+                    args.push_str(&trail(
+                        vec![rs, vfull.to_string(), ksub.to_string(), vsub.to_string()],
+                        &["nullptr", "nullptr", "0", "0"],
+                    ));
                     wl!(s, "fa.run_ws<{tmpl}>({args});");
                 } else if f.wg.is_some() {
                     // With three stages or more, the next iteration's K stage (already waited

@@ -29,14 +29,8 @@ impl Executable {
     /// source must define the same kernels with the same parameters and shared memory.
     pub fn with_source(g: &KernelGraph, ordinal: i32, source: Option<String>) -> Result<Executable> {
         let device = driver::device(ordinal)?;
-        let mut program = generate(
-            g,
-            &Options {
-                arch: device.arch,
-                smem_limit: Some(device.smem_optin),
-                ws_warpgroups: Options::ws_warpgroups_from_env(),
-            },
-        )?;
+        let mut program =
+            generate(g, &Options { smem_limit: Some(device.smem_optin), ..Options::for_arch_from_env(device.arch) })?;
         if let Some(s) = source {
             program.source = s;
         }

@@ -115,6 +115,18 @@ def test_generated_source_is_inspectable():
     assert plan["workspace_bytes"] >= 16 * 256 * 4
 
 
+def test_ws_warpgroups_setting_is_checked(monkeypatch):
+    g = mi.new_kernel_graph()
+    x = g.new_input((16, 256), dtype=mi.float16)
+    g.mark_output(g.rms_norm(x, (256,)))
+    for ok in ("2", "3", " 3 ", ""):
+        monkeypatch.setenv("MIRAGE_WS_WARPGROUPS", ok)
+        assert "namespace mi" in g.cuda_source(90)
+    monkeypatch.setenv("MIRAGE_WS_WARPGROUPS", "4")
+    with pytest.raises(ValueError, match='MIRAGE_WS_WARPGROUPS must be 2 or 3, got "4"'):
+        g.cuda_source(90)
+
+
 def test_compile_error_reports_the_nvrtc_log():
     with pytest.raises(RuntimeError, match="NVRTC failed to compile.*error"):
         _core.nvrtc_compile("__global__ void k() { not_declared(); }", 90)

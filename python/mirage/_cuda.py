@@ -19,7 +19,8 @@ kernels and parameters, since the launches stay the generated program's), with a
 ``MIRAGE_WS_WARPGROUPS=3`` (read when a graph's program is generated) runs the interleaved
 warp-specialised attention loop on three consumer warpgroups of 64-key steps instead of two of
 128-key steps (experimental: hand-edited prototypes of it were faster on the H100 for GQA and
-QK-norm at batch 8; the generated form is compile-tested only so far).
+QK-norm at batch 8; the generated form is compile-tested only so far). Another value than 2
+or 3 raises ValueError.
 
 On sm_90 and later the kernels are launched as programmatic dependents of the previous kernel
 in the stream: each may be scheduled while that one drains, and waits for it to finish before

@@ -49,7 +49,7 @@ fn nvrtc_info() -> PyResult<(i32, i32, Option<String>, Vec<String>)> {
 #[pyfunction]
 fn cuda_generate(py: Python<'_>, graph: PyRef<'_, KernelGraph>, arch: u32) -> PyResult<(String, String)> {
     let g = graph.inner.clone();
-    let p: Program = py.detach(|| generate(&g, &Options::for_arch_from_env(arch))).map_err(to_py)?;
+    let p: Program = py.detach(|| generate(&g, &Options::for_arch_from_env(arch)?)).map_err(to_py)?;
     let summary = p.launch_summary();
     Ok((p.source, summary))
 }
@@ -60,7 +60,7 @@ fn cuda_compile<'py>(py: Python<'py>, graph: PyRef<'_, KernelGraph>, arch: u32) 
     let g = graph.inner.clone();
     let cubin = py
         .detach(|| -> mirage::codegen::Result<_> {
-            let p = generate(&g, &Options::for_arch_from_env(arch))?;
+            let p = generate(&g, &Options::for_arch_from_env(arch)?)?;
             nvrtc::compile(&p.source, arch)
         })
         .map_err(to_py)?;

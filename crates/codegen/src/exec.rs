@@ -30,7 +30,7 @@ impl Executable {
     pub fn with_source(g: &KernelGraph, ordinal: i32, source: Option<String>) -> Result<Executable> {
         let device = driver::device(ordinal)?;
         let mut program =
-            generate(g, &Options { smem_limit: Some(device.smem_optin), ..Options::for_arch_from_env(device.arch) })?;
+            generate(g, &Options { smem_limit: Some(device.smem_optin), ..Options::for_arch_from_env(device.arch)? })?;
         if let Some(s) = source {
             program.source = s;
         }

@@ -35,15 +35,18 @@ impl Options {
     }
 
     /// [`Self::for_arch`] with the attention warpgroups the environment asks for.
-    pub fn for_arch_from_env(arch: u32) -> Self {
-        Options { ws_warpgroups: Self::ws_warpgroups_from_env(), ..Self::for_arch(arch) }
+    pub fn for_arch_from_env(arch: u32) -> Result<Self> {
+        Ok(Options { ws_warpgroups: Self::ws_warpgroups_from_env()?, ..Self::for_arch(arch) })
     }
 
-    /// The attention warpgroups `MIRAGE_WS_WARPGROUPS` asks for (3; anything else: 2).
-    pub fn ws_warpgroups_from_env() -> usize {
-        match std::env::var("MIRAGE_WS_WARPGROUPS").as_deref().map(str::trim) {
-            Ok("3") => 3,
-            _ => 2,
+    /// The attention warpgroups `MIRAGE_WS_WARPGROUPS` asks for: 2 (also when unset or empty)
+    /// or 3; any other value is an error naming the variable.
+    pub fn ws_warpgroups_from_env() -> Result<usize> {
+        let v = std::env::var("MIRAGE_WS_WARPGROUPS").unwrap_or_default();
+        match v.trim() {
+            "" | "2" => Ok(2),
+            "3" => Ok(3),
+            other => Err(Error::Unsupported(format!("MIRAGE_WS_WARPGROUPS must be 2 or 3, got {other:?}"))),
         }
     }
 }

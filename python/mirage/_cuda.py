@@ -16,11 +16,10 @@ For kernel work, ``MIRAGE_LOAD_CODES=<folder>`` compiles ``<folder>/<graph hash>
 where it exists, in place of the generated source (an edited copy of a saved one: the same
 kernels and parameters, since the launches stay the generated program's), with a warning.
 
-``MIRAGE_WS_WARPGROUPS=3`` (read when a graph's program is generated) runs the interleaved
-warp-specialised attention loop on three consumer warpgroups of 64-key steps instead of two of
-128-key steps (experimental: hand-edited prototypes of it were faster on the H100 for GQA and
-QK-norm at batch 8; the generated form is compile-tested only so far). Another value than 2
-or 3 raises ValueError.
+The interleaved warp-specialised attention loop (64 query rows a block) runs on three consumer
+warpgroups of 64-key stages where V is normalised (QK-norm) and on two of 128-key stages
+otherwise; ``MIRAGE_WS_WARPGROUPS=2`` or ``3`` (read when a graph's program is generated)
+forces one form everywhere. Another value raises ValueError.
 
 On sm_90 and later the kernels are launched as programmatic dependents of the previous kernel
 in the stream: each may be scheduled while that one drains, and waits for it to finish before

@@ -383,12 +383,15 @@ def test_warp_specialised_attention(dtype, n, growing):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("qknorm", [False, True])
 @pytest.mark.parametrize("b,n,cluster", [(64, 256, 1), (64, 640, 1), (32, 1024, 2), (32, 1536, 2)])
-def test_interleaved_warp_specialised_attention(dtype, qknorm, b, n, cluster):
+def test_interleaved_warp_specialised_attention(
+    dtype: str, qknorm: bool, b: int, n: int, cluster: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Two warpgroups over the same 64 rows taking 128-key stages in turn (each its own online
     # softmax, merged after the loop), a producer warpgroup filling them: 1 + 1, 3 + 2 stages
     # a block unsplit; 2 + 2, 3 + 3 in each block of a cluster of two (then merged across
     # it). With QK-norm each warpgroup scales P by its stage's V-row factors (V is not
-    # rewritten).
+    # rewritten); QK-norm takes three warpgroups by default, so two are asked for.
+    monkeypatch.setenv("MIRAGE_WS_WARPGROUPS", "2")
     m = 128
     name = "qknorm_attention_one_kernel" if qknorm else "attention_one_kernel"
     g = _one_kernel_attention(dtype, [b, m, 64, n, 1, n // 128, m // 64], 256, name)
@@ -425,9 +428,9 @@ def _attention_case(
 def test_three_warpgroup_interleaved_attention(
     dtype: str, qknorm: bool, b: int, n: int, cluster: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # MIRAGE_WS_WARPGROUPS=3: three warpgroups over the same 64 rows take the 64-key halves of
-    # the 128-key stages in turn (4 halves: 2 + 1 + 1; 10 halves: 4 + 3 + 3; in a cluster of
-    # two, 8 and 12 halves a block), merged after the loop.
+    # MIRAGE_WS_WARPGROUPS=3: three warpgroups over the same 64 rows take 64-key stages in
+    # turn, the loop of 128-key tiles made twice as fine (4 stages: 2 + 1 + 1; 10: 4 + 3 + 3;
+    # in a cluster of two, 8 and 12 a block), merged after the loop.
     monkeypatch.setenv("MIRAGE_WS_WARPGROUPS", "3")
     m = 128
     name = "qknorm_attention_one_kernel" if qknorm else "attention_one_kernel"

@@ -21,6 +21,7 @@ use crate::emit::{
 };
 use crate::error::{unsupported, Result};
 use crate::flash::{self, FlashRegion};
+use crate::generate::WsWarpgroups;
 use crate::program::{BufferRef, DevBuffer, Storage};
 
 /// Alignment of every shared-memory buffer in bytes.
@@ -185,15 +186,15 @@ impl Layout {
 
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
 /// `arch` (e.g. 90) picks the attention form: on sm_90 the warpgroup one where it fits.
-/// `wgs`: consumer warpgroups of the interleaved warp-specialised attention loop (2, or 3 for
-/// [`ws_three`]).
+/// `wgs`: consumer warpgroups of the interleaved warp-specialised attention loop
+/// ([`ws_three`]).
 pub(crate) fn emit(
     name: &str,
     bg: &BlockGraph,
     ins: &[DevBuffer],
     outs: &[DevBuffer],
     arch: u32,
-    wgs: usize,
+    wgs: WsWarpgroups,
 ) -> Result<Emitted> {
     if let Some(e) = crate::rowreg::emit(name, bg, ins, outs)? {
         return Ok(e);
@@ -201,6 +202,31 @@ pub(crate) fn emit(
     if let Some(e) = crate::eltloop::emit(name, bg, ins, outs)? {
         return Ok(e);
     }
+    // Three attention warpgroups take 64-key stages ([`ws_three`]): a loop of 128-key tiles
+    // made twice as fine, where that takes the form; else the graph as it is.
+    if arch == 90 && wgs != WsWarpgroups::Two {
+        if let Ok(fine) = bg.with_finer_loop(2) {
+            let three = emit_any(name, &fine, ins, outs, arch, wgs).ok().flatten();
+            if let Some(e) = three.filter(|e| e.extra_threads == WS3_THREADS + WS_PRODUCER_THREADS) {
+                return Ok(e);
+            }
+        }
+    }
+    match emit_any(name, bg, ins, outs, arch, wgs)? {
+        Some(e) => Ok(e),
+        None => unsupported(format!("{name}: internal error: no schedule without flash")),
+    }
+}
+
+/// [`emit`]'s schedules of `bg` other than the row-register and element-wise loop kernels.
+fn emit_any(
+    name: &str,
+    bg: &BlockGraph,
+    ins: &[DevBuffer],
+    outs: &[DevBuffer],
+    arch: u32,
+    wgs: WsWarpgroups,
+) -> Result<Option<Emitted>> {
     // A loop whose grid leaves SMs idle is split across the blocks of thread-block clusters
     // (`BlockGraph::cluster_split`) where its attention region takes the warpgroup form or
     // it only sums, in smaller clusters where the first block's gathered partials would not
@@ -212,7 +238,7 @@ pub(crate) fn emit(
                 if let Some(mut e) = emit_with(name, &split, ins, outs, mode, cs, wgs)? {
                     if e.smem_bytes <= SM90_SMEM_BYTES {
                         e.cluster[axis] = cs;
-                        return Ok(e);
+                        return Ok(Some(e));
                     }
                 }
             }
@@ -226,10 +252,10 @@ pub(crate) fn emit(
     };
     for &mode in modes {
         if let Some(e) = emit_with(name, bg, ins, outs, mode, 1, wgs)? {
-            return Ok(e);
+            return Ok(Some(e));
         }
     }
-    unsupported(format!("{name}: internal error: no schedule without flash"))
+    Ok(None)
 }
 
 /// How the attention region, if any, is emitted.
@@ -255,24 +281,31 @@ const WS_CONSUMER_REGS: usize = 240;
 /// filling the stages for two consumer warpgroups of 64 rows each, no block barrier in the
 /// loop). A one-wave wgmma attention region of one row group a
 /// warpgroup over 128 rows, or of two key slices over 64 rows (which then take alternate
-/// stages: [`ws_interleaved`]), Q by descriptor, 128 keys an iteration and no running-max
-/// output, whose loop holds nothing but the region and its staged K and V, and whose other
+/// stages: [`ws_interleaved`]), Q by descriptor, 128 keys an iteration (64 where `three`:
+/// [`ws_three`]) and no running-max output, whose loop holds nothing but the region and its staged K and V, and whose other
 /// steps are loads, norms, element-wise groups and saves (they run on the consumers alone,
 /// with a consumer barrier for the block's). A cluster split merges after the loop as
 /// without. A normalised V only in the interleaved form, where the consumers scale P by the
 /// rows' factors (`run_ws`'s VN): in the 128-row form that measured slower than the plain
 /// loop's in-place norm (QK-norm b=16 on the H100: 35.1 against 32.4-33.6 us).
-fn ws_form(bg: &BlockGraph, nt: usize, f: &FlashRegion, layout: &[Option<Layout>], steps: &[(Section, Step)]) -> bool {
+fn ws_form(
+    bg: &BlockGraph,
+    nt: usize,
+    f: &FlashRegion,
+    layout: &[Option<Layout>],
+    steps: &[(Section, Step)],
+    three: bool,
+) -> bool {
     let qss = layout[f.q].is_some_and(|l| l.swz.is_some());
     let v_ok = !f.v_norm
-        || ws_interleaved(f) && layout[f.v].is_some_and(|l| l.rows == 128 && l.inner == 64 && l.swz == Some(8));
+        || ws_interleaved(f) && layout[f.v].is_some_and(|l| l.rows == f.n && l.inner == 64 && l.swz == Some(8));
     (f.wg == Some((1, 1)) && f.m == 128 || ws_interleaved(f))
         && f.one_wave
         && nt == 256
         && bg.block_dim[1..].iter().all(|&d| d == 1)
         && f.batch == 1
         && f.d == 64
-        && f.n == 128
+        && f.n == if three { 64 } else { 128 }
         && qss
         && f.x.is_none()
         && v_ok
@@ -303,17 +336,24 @@ const WS3_THREADS: usize = 128;
 /// spills nothing at 152 or 160 in the 64-key steps; GQA b=8's prototype spilled 52 bytes at 144).
 const WS3_CONSUMER_REGS: usize = 160;
 
-/// Whether the interleaved warp-specialised form runs on three consumer warpgroups (`wgs` 3,
-/// `Options::ws_warpgroups`): each takes every third 64-key half of the producer's 128-key
-/// stages (`run_ws`'s SUB = 2), which keeps S, P and O in 160 registers a thread where two
-/// warpgroups of 128-key steps take 240. The block graph's 256 threads run every step; a
-/// third warpgroup (threads 256 to 383) joins for the loop and the slices' merge only. Hand
-/// edits of saved winners with ten 64-key producer stages took, on the H100 (the bench's
-/// timing), GQA b=8 15.8 us against 16.6 and QK-norm b=8 18.9-19.1 against 20.4-20.9; this
-/// form keeps the producer's six 128-key stages (each released by the two warpgroups of its
-/// halves) and is not yet measured or GPU-tested, so it is not the default.
-fn ws_three(f: &FlashRegion, wgs: usize) -> bool {
-    wgs == 3 && ws_interleaved(f) && f.n == 128 && f.dv == 64
+/// Whether the interleaved warp-specialised form runs on three consumer warpgroups (`wgs`:
+/// `Options::ws_warpgroups`, by default where V is normalised) that take whole 64-key stages
+/// in turn: S, P and O then fit 160
+/// registers a thread where two warpgroups of 128-key steps take 240. A loop of 128-key tiles
+/// takes this form made twice as fine (`BlockGraph::with_finer_loop`, see `emit`): the
+/// producer copies 64-key stages ([`WS3_STAGES`]). The block graph's 256 threads run every
+/// step; a third warpgroup (threads 256 to 383) joins for the loop and the slices' merge
+/// only. Hand edits of saved winners in this form took, on the H100 (the bench's timing),
+/// GQA b=8 15.8 us against 16.6 and QK-norm b=8 18.9-19.1 against 20.4-20.9 (with 128-key
+/// producer stages, each released by the two warpgroups of its halves: no faster than two
+/// warpgroups).
+fn ws_three(f: &FlashRegion, wgs: WsWarpgroups) -> bool {
+    let three = match wgs {
+        WsWarpgroups::Auto => f.v_norm,
+        WsWarpgroups::Two => false,
+        WsWarpgroups::Three => true,
+    };
+    three && ws_interleaved(f) && f.n == 64 && f.dv == 64
 }
 
 /// Bytes of the attention's combine scratch: `FlashRegion::combine_bytes`, or three slices'
@@ -331,6 +371,8 @@ fn combine_bytes(f: &FlashRegion, nt: usize, cluster: usize, ws3: bool) -> usize
 /// waited for the copy into it (GQA b=8 on the H100: 20.5 us; 16.0-16.7 with six, 17.1 for the
 /// two-stage plain loop).
 const WS_ILV_STAGES: usize = 6;
+/// Pipeline stages of [`ws_three`]: 160 KB of 64-key K and V stages at 16-bit.
+const WS3_STAGES: usize = 10;
 
 /// Bytes of mbarriers a stage of the warp-specialised form takes (full and empty: 8 each; with
 /// V marked full apart ([`ws_split_v`]) 8 more).
@@ -373,7 +415,7 @@ fn emit_with(
     outs: &[DevBuffer],
     mode: FlashMode,
     cluster: usize,
-    wgs: usize,
+    wgs: WsWarpgroups,
 ) -> Result<Option<Emitted>> {
     let nt: usize = bg.block_dim.iter().product();
     let n_ops = bg.ops.len();
@@ -955,7 +997,7 @@ fn emit_with(
     // accumulators' scratch buffers follow the tiles' (from the returned index, in
     // `acc_scratch` order), the attention combine scratch comes last.
     // The interleaved warp-specialised form on three consumer warpgroups merges three slices.
-    let ws3 = fr.as_ref().is_some_and(|f| ws_three(f, wgs) && ws_form(bg, nt, f, &layout, &steps));
+    let ws3 = fr.as_ref().is_some_and(|f| ws_three(f, wgs) && ws_form(bg, nt, f, &layout, &steps, true));
     let combine = |f: &FlashRegion| combine_bytes(f, nt, cluster, ws3);
     let plan = |stages: usize| -> (Vec<Buffer>, Vec<Option<usize>>, usize, usize) {
         let mut buffers: Vec<Buffer> = Vec::new();
@@ -1027,14 +1069,20 @@ fn emit_with(
     let any_staged = layout.iter().any(|l| l.is_some_and(|l| l.staged));
     // The interleaved warp-specialised form takes more stages (three a warpgroup), within the
     // whole shared memory less its mbarriers and V-row factors.
-    let ilv = fr.as_ref().is_some_and(|f| ws_interleaved(f) && ws_form(bg, nt, f, &layout, &steps));
-    let most = if ilv { WS_ILV_STAGES } else { MAX_PIPELINE_STAGES };
+    let ilv = fr.as_ref().is_some_and(|f| ws_interleaved(f) && ws_form(bg, nt, f, &layout, &steps, ws3));
+    let most = if ws3 {
+        WS3_STAGES
+    } else if ilv {
+        WS_ILV_STAGES
+    } else {
+        MAX_PIPELINE_STAGES
+    };
     let mut stages = if any_staged { most.min(bg.forloop_range).max(1) } else { 1 };
     // A warpgroup attention normalising its V stages takes up to the whole shared memory: with
     // three stages or more each iteration normalises the next stage beside its own matmuls
     // (`Step::Flash`) instead of its own stage before them.
     let budget = match &fr {
-        Some(f) if ilv => SM90_SMEM_BYTES - ws_barriers_bytes(WS_ILV_STAGES, ws_split_v(f)) - WS_FACTOR_BYTES,
+        Some(f) if ilv => SM90_SMEM_BYTES - ws_barriers_bytes(most, ws_split_v(f)) - WS_FACTOR_BYTES,
         Some(f) if f.v_norm && f.wg.is_some() => SM90_SMEM_BYTES,
         _ => bg.pipeline_budget(),
     };
@@ -1086,7 +1134,7 @@ fn emit_with(
         merged_by_step,
         acc_scratch: acc_scratch_at,
         ws: None,
-        ws3: false,
+        ws3,
     };
     // Split-K scratch of the tile matmuls (`mi::matmul_tile`): NT * 16 bytes after the tiles.
     let has_matmul = steps.iter().any(|(_, st)| matches!(st, Step::Matmul { .. }));
@@ -1095,13 +1143,14 @@ fn emit_with(
     // The warp-specialised loop's full and empty mbarriers (8 bytes each a stage) after it all,
     // then, with V normalised, its rows' factors (16-byte aligned).
     let mut extra_threads = 0;
-    if ctx.warp_specialised(&steps) {
+    if !ctx.warp_specialised(&steps) {
+        // (Its larger combine scratch goes unused.)
+        ctx.ws3 = false;
+    } else {
         let off = total.next_multiple_of(16);
         let factors = if ctx.flash.as_ref().is_some_and(|(f, _)| f.v_norm) { WS_FACTOR_BYTES } else { 0 };
         total = off + ws_barriers_bytes(ctx.stages, ctx.ws_split_v()) + factors;
         ctx.ws = Some(off);
-        // (Without the warp-specialised loop, `ws3`'s larger combine scratch goes unused.)
-        ctx.ws3 = ws3;
         extra_threads = ctx.consumers() - nt + WS_PRODUCER_THREADS;
     }
     let src = ctx.kernel(name, &steps, &step_rw, &buffers, &buf_of, scratch, total)?;
@@ -1335,7 +1384,8 @@ impl Ctx<'_> {
     /// Whether the loop takes the warp-specialised form ([`ws_form`], with two stages or
     /// more).
     fn warp_specialised(&self, steps: &[(Section, Step)]) -> bool {
-        self.flash.as_ref().is_some_and(|(f, _)| ws_form(self.bg, self.nt, f, &self.layout, steps)) && self.stages >= 2
+        self.flash.as_ref().is_some_and(|(f, _)| ws_form(self.bg, self.nt, f, &self.layout, steps, self.ws3))
+            && self.stages >= 2
     }
 
     /// Whether the region's two key slices (two warpgroups over the same 64 rows) take whole
@@ -1370,15 +1420,9 @@ impl Ctx<'_> {
         wl!(s, "  if (tid == 0) {{");
         wl!(s, "    for (int i = 0; i < {st}; ++i) {{");
         wl!(s, "      mi::mbar_init(mi_full + i, {WS_PRODUCER_THREADS});");
-        // Consumer warps releasing a stage: its warpgroup's four (interleaved; with a third
-        // warpgroup, each of a stage's two halves: eight), else every consumer warp.
-        let readers = if self.ws3 {
-            8
-        } else if self.ws_interleaved() {
-            self.nt / 64
-        } else {
-            self.nt / 32
-        };
+        // Consumer warps releasing a stage: its warpgroup's four (interleaved), else every
+        // consumer warp.
+        let readers = if self.ws_interleaved() { 4 } else { self.nt / 32 };
         wl!(s, "      mi::mbar_init(mi_empty + i, {readers});");
         if split {
             wl!(s, "      mi::mbar_init(mi_vfull + i, {WS_PRODUCER_THREADS});");
@@ -1408,7 +1452,7 @@ impl Ctx<'_> {
         };
         for (i, &(k, op, t)) in order.iter().enumerate() {
             let dst = format!("(t{t}_st + st * {})", self.stage_elems(t));
-            for l in self.load_by(k, op, t, Some("it"), &dst, WS_PRODUCER_THREADS)?.lines() {
+            for l in self.load_by(k, op, t, Some("it"), &dst, true)?.lines() {
                 wl!(s, "      {l}");
             }
             if split {
@@ -1610,11 +1654,26 @@ impl Ctx<'_> {
     /// the loop) into shared memory at `dst`: 16-byte `cp.async` copies when the layout allows
     /// and the pointer is aligned, element copies otherwise. The caller commits the group.
     fn load(&self, k: usize, op: usize, t: STensorId, iter: Option<&str>, dst: &str) -> Result<String> {
-        self.load_by(k, op, t, iter, dst, self.nt)
+        self.load_by(k, op, t, iter, dst, false)
     }
 
-    /// [`Ctx::load`] by `nt` threads (`tid` < `nt` and `NT` = `nt` in scope).
-    fn load_by(&self, k: usize, op: usize, t: STensorId, iter: Option<&str>, dst: &str, nt: usize) -> Result<String> {
+    /// [`Ctx::load`] by the block's threads, or with `producer` by the warp-specialised
+    /// producer's (`tid` < `nt` and `NT` = `nt` in scope either way). In the interleaved
+    /// form's producer (24 registers) the unaligned fallback is never unrolled: unrolled, it
+    /// made ptxas spill in the vector path too (on the H100 GQA b=8 16.2 -> 15.5 us and
+    /// QK-norm b=8 20.4 -> 19.9 with two warpgroups, 17.7 -> 16.3 with three: 40 bytes of
+    /// spills -> none); in the 128-row form's it did not pay (MQA b=16 40.7 -> 42.5).
+    fn load_by(
+        &self,
+        k: usize,
+        op: usize,
+        t: STensorId,
+        iter: Option<&str>,
+        dst: &str,
+        producer: bool,
+    ) -> Result<String> {
+        let nt = if producer { WS_PRODUCER_THREADS } else { self.nt };
+        let rolled = producer && self.ws_interleaved();
         let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[op].kind else {
             return unsupported("internal error: load of a non-input op");
         };
@@ -1677,6 +1736,9 @@ impl Ctx<'_> {
                 wl!(s, "    }}");
             }
             wl!(s, "  }} else {{");
+            if rolled {
+                wl!(s, "#pragma unroll 1");
+            }
             wl!(s, "    {scalar}");
             wl!(s, "  }}");
         } else {
@@ -1882,14 +1944,14 @@ impl Ctx<'_> {
                     let tq = self.storage[f.q].map_or("float", Storage::cty);
                     if let Some((rg, ks)) = f.wg {
                         let ilv = if self.ws.is_some() && self.ws_interleaved() { ", true" } else { "" };
-                        // Three warpgroups take 64-key halves of the 128-key stages.
-                        let (threads, n, ks) = if self.ws3 { ("NC", f.n / 2, 3) } else { ("NT", f.n, ks) };
+                        let (threads, ks) = if self.ws3 { ("NC", 3) } else { ("NT", ks) };
                         wl!(
                             s,
-                            "  mi::FlashWG<{threads}, {}, {}, {}, {n}, {}, {rg}, {ks}, {ty}, {tq}, {}, {}{ilv}> fa;",
+                            "  mi::FlashWG<{threads}, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}, {}, {}{ilv}> fa;",
                             f.batch,
                             f.m,
                             f.d,
+                            f.n,
                             ld(f.q),
                             self.layout[f.q].is_some_and(|l| l.swz.is_some()),
                             f.x.is_some()
@@ -2206,12 +2268,11 @@ impl Ctx<'_> {
                 if self.ws.is_some() {
                     // The whole loop, over the stages the producer fills.
                     let mut tmpl = self.stages.to_string();
-                    let sub = if self.ws3 { 2 } else { 1 };
                     let mut args = format!(
                         "{q}, {k}_st, {v}_st, {}, {}, mi_full, mi_empty, {}",
                         self.stage_elems(f.k),
                         self.stage_elems(f.v),
-                        bg.forloop_range * sub
+                        bg.forloop_range
                     );
                     let (mut vn, mut split) = ("false", "false");
                     let (mut rs, mut vfull) = ("nullptr".to_string(), "nullptr");
@@ -2224,22 +2285,14 @@ impl Ctx<'_> {
                     } else if self.ws_split_v() {
                         (split, vfull) = ("true", "mi_vfull");
                     }
-                    // A half stage: K's second column block of 64 keys, V's rows 64 on.
-                    let (ksub, vsub) = if sub > 1 { (64 * f.batch * f.d, 64 * f.dv) } else { (0, 0) };
                     // The optional template arguments and parameters, up to the last one that
                     // is not its default.
                     let trail = |given: Vec<String>, defaults: &[&str]| {
                         let keep = (0..given.len()).rev().find(|&i| given[i] != defaults[i]).map_or(0, |i| i + 1);
                         given[..keep].iter().map(|g| format!(", {g}")).collect::<String>()
                     };
-                    tmpl.push_str(&trail(
-                        vec![vn.to_string(), split.to_string(), sub.to_string()],
-                        &["false", "false", "1"],
-                    ));
-                    args.push_str(&trail(
-                        vec![rs, vfull.to_string(), ksub.to_string(), vsub.to_string()],
-                        &["nullptr", "nullptr", "0", "0"],
-                    ));
+                    tmpl.push_str(&trail(vec![vn.to_string(), split.to_string()], &["false", "false"]));
+                    args.push_str(&trail(vec![rs, vfull.to_string()], &["nullptr", "nullptr"]));
                     wl!(s, "fa.run_ws<{tmpl}>({args});");
                 } else if f.wg.is_some() {
                     // With three stages or more, the next iteration's K stage (already waited

@@ -23,15 +23,30 @@ pub struct Options {
     /// Per-block shared-memory limit to enforce (the device's opt-in limit); `None` checks
     /// nothing (compile-only use, the limit is checked when the module is loaded).
     pub smem_limit: Option<usize>,
-    /// Consumer warpgroups of the interleaved warp-specialised attention loop: 2, or 3
-    /// (64-key halves of each stage in turn; experimental, see `block_kernel::ws_three`).
-    pub ws_warpgroups: usize,
+    /// Consumer warpgroups of the interleaved warp-specialised attention loop.
+    pub ws_warpgroups: WsWarpgroups,
+}
+
+/// Consumer warpgroups of the interleaved warp-specialised attention loop (64 query rows a
+/// block, key stages taken in turn; see `block_kernel::ws_three`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WsWarpgroups {
+    /// Three (64-key stages) where the region normalises V, else two (128-key stages): on the
+    /// H100, QK-norm b=8 19.3-19.5 us against 19.8-20.2 with two, GQA b=8 16.2-16.4 against
+    /// 15.4-15.6.
+    #[default]
+    Auto,
+    /// Two warpgroups of 128-key stages.
+    Two,
+    /// Three warpgroups of 64-key stages wherever the form applies.
+    Three,
 }
 
 impl Options {
-    /// Options for `arch` with no shared-memory check and two attention warpgroups.
+    /// Options for `arch` with no shared-memory check and the attention warpgroups chosen per
+    /// region ([`WsWarpgroups::Auto`]).
     pub fn for_arch(arch: u32) -> Self {
-        Options { arch, smem_limit: None, ws_warpgroups: 2 }
+        Options { arch, smem_limit: None, ws_warpgroups: WsWarpgroups::Auto }
     }
 
     /// [`Self::for_arch`] with the attention warpgroups the environment asks for.
@@ -39,13 +54,14 @@ impl Options {
         Ok(Options { ws_warpgroups: Self::ws_warpgroups_from_env()?, ..Self::for_arch(arch) })
     }
 
-    /// The attention warpgroups `MIRAGE_WS_WARPGROUPS` asks for: 2 (also when unset or empty)
-    /// or 3; any other value is an error naming the variable.
-    pub fn ws_warpgroups_from_env() -> Result<usize> {
+    /// The attention warpgroups `MIRAGE_WS_WARPGROUPS` asks for: 2 or 3, or per region when
+    /// unset or empty; any other value is an error naming the variable.
+    pub fn ws_warpgroups_from_env() -> Result<WsWarpgroups> {
         let v = std::env::var("MIRAGE_WS_WARPGROUPS").unwrap_or_default();
         match v.trim() {
-            "" | "2" => Ok(2),
-            "3" => Ok(3),
+            "" => Ok(WsWarpgroups::Auto),
+            "2" => Ok(WsWarpgroups::Two),
+            "3" => Ok(WsWarpgroups::Three),
             other => Err(Error::Unsupported(format!("MIRAGE_WS_WARPGROUPS must be 2 or 3, got {other:?}"))),
         }
     }

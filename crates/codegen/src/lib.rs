@@ -10,8 +10,8 @@
 //!   [`mirage_ugraph::BlockGraph::is_elementwise`] graphs, a split-KV combine step) or the
 //!   general shared-memory schedule (`block_kernel`, with `flash`'s attention region; a
 //!   one-wave wgmma attention block of two warpgroups gets a producer warpgroup on top of the
-//!   graph's threads, which fills its K/V stages behind mbarriers, and with
-//!   `Options::ws_warpgroups` 3 a third attention warpgroup: `Emitted::extra_threads`).
+//!   graph's threads, which fills its K/V stages behind mbarriers, and with three consumer
+//!   warpgroups ([`WsWarpgroups`]) a third attention warpgroup: `Emitted::extra_threads`).
 //! * [`nvrtc::compile`] compiles a source to a CUBIN for an exact `sm_XX`, with an in-memory
 //!   and on-disk cache; a missing NVRTC is an error, never a panic.
 //! * [`Executable`] loads a program on a device and launches it on raw device pointers on a
@@ -48,5 +48,5 @@ mod rowreg;
 pub use block_kernel::SM90_SMEM_BYTES;
 pub use error::{Error, Result};
 pub use exec::Executable;
-pub use generate::{generate, Options, RUNTIME_HEADER};
+pub use generate::{generate, Options, WsWarpgroups, RUNTIME_HEADER};
 pub use program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use mirage_codegen::{generate, nvrtc, Options};
+use mirage_codegen::{generate, nvrtc, Options, WsWarpgroups};
 use mirage_ugraph::zoo::{self, Attn};
 use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph, KernelOpKind, UnaryOp};
 
@@ -321,7 +321,7 @@ fn interleaved_warp_specialised_attention_compiles() {
         return;
     }
     for (dt, b, cluster, qknorm, g) in interleaved_cases() {
-        let p = generate(&g, &Options::for_arch(90)).unwrap();
+        let p = generate(&g, &Options { ws_warpgroups: WsWarpgroups::Two, ..Options::for_arch(90) }).unwrap();
         let what = p.launch_summary();
         assert!(p.source.contains("mi::FlashWG<NT, 1, 64, 64, 128,"), "{what}");
         assert!(p.source.contains(", true> fa;") && p.source.contains("fa.run_ws<"), "{what}");
@@ -344,20 +344,26 @@ fn interleaved_warp_specialised_attention_compiles() {
 
 #[test]
 fn three_warpgroup_interleaved_attention_compiles() {
-    // `Options::ws_warpgroups` 3: the interleaved form on three consumer warpgroups taking the
-    // 64-key halves of the 128-key stages in turn (`run_ws`'s SUB = 2), 512 threads a block.
+    // `Options::ws_warpgroups` 3: the interleaved form on three consumer warpgroups taking
+    // 64-key stages in turn, the loop of 128-key tiles made twice as fine (its iterations and
+    // the producer's copies), ten stages, 512 threads a block.
     if !setup() {
         return;
     }
     for (dt, b, cluster, qknorm, g) in interleaved_cases() {
-        let p = generate(&g, &Options { ws_warpgroups: 3, ..Options::for_arch(90) }).unwrap();
+        let p = generate(&g, &Options { ws_warpgroups: WsWarpgroups::Three, ..Options::for_arch(90) }).unwrap();
         let what = p.launch_summary();
         assert!(p.source.contains("constexpr int NC = 384;"), "{what}");
         assert!(p.source.contains("mi::FlashWG<NC, 1, 64, 64, 64,"), "{what}");
         assert!(p.source.contains("if (tid >= NT) return; // the third attention warpgroup"), "{what}");
         let targs = run_ws_targs(&p.source);
+        // 1024 keys: 16 iterations of 64 a block, 8 in a cluster of two; up to ten stages.
+        let iters = 16 / cluster;
+        assert_eq!(targs.first(), Some(&iters.min(10).to_string()), "{what}");
         assert_eq!(targs.get(1).is_some_and(|t| t == "true"), qknorm, "{what}");
-        assert_eq!(targs.get(3).map(String::as_str), Some("2"), "{what}");
+        assert_eq!(targs.get(2).is_some_and(|t| t == "true"), !qknorm, "{what}");
+        assert!(p.source.contains(&format!("for (int it = 0; it < {iters}; ++it) {{")), "{what}");
+        assert!(p.source.contains(&format!("mi_full, mi_empty, {iters}")), "{what}");
         assert!(
             p.kernels.iter().any(|k| k.block == [512, 1, 1] && k.cluster.iter().product::<u32>() == cluster),
             "{what}"
@@ -365,6 +371,19 @@ fn three_warpgroup_interleaved_attention_compiles() {
         if let Err(e) = nvrtc::compile(&p.source, 90) {
             panic!("three-warpgroup attention ({}, {b} blocks, qknorm {qknorm}) failed to compile: {e}", dt.name());
         }
+    }
+}
+
+#[test]
+fn attention_warpgroups_follow_the_region_by_default() {
+    // `WsWarpgroups::Auto`: three warpgroups of 64-key stages where V is normalised, two of
+    // 128-key stages otherwise (the sources are what `Two` and `Three` give).
+    for (_, _, _, qknorm, g) in interleaved_cases() {
+        let with = |w| generate(&g, &Options { ws_warpgroups: w, ..Options::for_arch(90) }).unwrap().source;
+        let auto = with(WsWarpgroups::Auto);
+        let want = with(if qknorm { WsWarpgroups::Three } else { WsWarpgroups::Two });
+        assert!(auto == want, "qknorm {qknorm}: the default form is not the expected one");
+        assert_eq!(auto.contains("constexpr int NC = 384;"), qknorm);
     }
 }
 

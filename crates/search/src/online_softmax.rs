@@ -164,26 +164,6 @@ fn replay_kernel_op(g: &mut KernelGraph, kind: &KernelOpKind, ins: &[TensorId]) 
     }
 }
 
-/// Adds a block op through the builder.
-fn replay_block_op(b: &mut BlockGraph, kind: &BlockOpKind, ins: &[STensorId]) -> Option<Vec<STensorId>> {
-    let one = |r: mirage_ugraph::Result<STensorId>| r.ok().map(|t| vec![t]);
-    let x = ins.first().copied();
-    match kind {
-        BlockOpKind::Input { dims, dtype, imap, forloop_dim } => one(b.new_input(dims, *dtype, *imap, *forloop_dim)),
-        BlockOpKind::Output { omap, forloop_dim } => b.new_output(x?, *omap, *forloop_dim).ok().map(|_| vec![]),
-        BlockOpKind::Matmul => one(b.matmul(x?, *ins.get(1)?)),
-        BlockOpKind::Unary { op } => one(b.unary(*op, x?)),
-        BlockOpKind::Binary { op } => one(b.binary(*op, x?, *ins.get(1)?)),
-        BlockOpKind::Reduction { dim } => one(b.reduction(x?, *dim as i64)),
-        BlockOpKind::ReductionMax { dim } => b.reduction_max(x?, *dim as i64).ok().map(|(m, d)| vec![m, d]),
-        BlockOpKind::RmsNorm => one(b.rms_norm(x?)),
-        BlockOpKind::Concat { dim } => one(b.concat(x?, *ins.get(1)?, *dim as i64)),
-        BlockOpKind::ForloopAccum { acc } => one(b.forloop_accum(x?, *acc)),
-        BlockOpKind::ForloopAccumRescale { acc } => one(b.forloop_accum_rescale(x?, *ins.get(1)?, *acc)),
-        BlockOpKind::ForloopAccumMax => one(b.forloop_accum_max(x?)),
-    }
-}
-
 /// Whether `dims` are `rows` plus one trailing dim.
 fn has_rows(dims: &[usize], rows: &[usize]) -> bool {
     dims.len() == rows.len() + 1 && dims[..rows.len()] == *rows
@@ -297,7 +277,7 @@ fn rewrite_kernel1_at(bg: &BlockGraph, exp_op: usize) -> Option<Kernel1> {
                     nb.new_output(x, *om, *forloop_dim).ok()?;
                     vec![]
                 }
-                kind => replay_block_op(&mut nb, kind, &ins)?,
+                kind => nb.replay(kind, &ins).ok()?,
             }
         };
         if outs.len() != op.outputs.len() {

@@ -605,6 +605,59 @@ impl BlockGraph {
         Some((axis, cs, g))
     }
 
+    /// Appends an op of `kind` on `ins` through its builder method (shape rule and checks
+    /// included); returns its outputs (none for an output saver). Copies an op into another
+    /// graph, where its tile shapes may differ.
+    pub fn replay(&mut self, kind: &BlockOpKind, ins: &[STensorId]) -> Result<Vec<STensorId>> {
+        let arity = match kind {
+            BlockOpKind::Input { .. } => 0,
+            BlockOpKind::Matmul
+            | BlockOpKind::Binary { .. }
+            | BlockOpKind::Concat { .. }
+            | BlockOpKind::ForloopAccumRescale { .. } => 2,
+            _ => 1,
+        };
+        if ins.len() != arity {
+            return invalid(kind.name(), format!("takes {arity} inputs, {} given", ins.len()));
+        }
+        let one = |r: Result<STensorId>| r.map(|t| vec![t]);
+        match kind {
+            BlockOpKind::Input { dims, dtype, imap, forloop_dim } => {
+                one(self.new_input(dims, *dtype, *imap, *forloop_dim))
+            }
+            BlockOpKind::Output { omap, forloop_dim } => self.new_output(ins[0], *omap, *forloop_dim).map(|_| vec![]),
+            BlockOpKind::Matmul => one(self.matmul(ins[0], ins[1])),
+            BlockOpKind::Unary { op } => one(self.unary(*op, ins[0])),
+            BlockOpKind::Binary { op } => one(self.binary(*op, ins[0], ins[1])),
+            BlockOpKind::Reduction { dim } => one(self.reduction(ins[0], *dim as i64)),
+            BlockOpKind::ReductionMax { dim } => self.reduction_max(ins[0], *dim as i64).map(|(m, d)| vec![m, d]),
+            BlockOpKind::RmsNorm => one(self.rms_norm(ins[0])),
+            BlockOpKind::Concat { dim } => one(self.concat(ins[0], ins[1], *dim as i64)),
+            BlockOpKind::ForloopAccum { acc } => one(self.forloop_accum(ins[0], *acc)),
+            BlockOpKind::ForloopAccumRescale { acc } => one(self.forloop_accum_rescale(ins[0], ins[1], *acc)),
+            BlockOpKind::ForloopAccumMax => one(self.forloop_accum_max(ins[0])),
+        }
+    }
+
+    /// The same ops over `k` times the iterations, each per-iteration tile `k` times smaller
+    /// along its for-loop dim (every op replayed, so every shape follows). Equal in value where
+    /// each loop op is local to a position of the loop dim or sums or maxes over it into an
+    /// accumulator (matmuls over it, running maxima with their rescales: an attention loop,
+    /// where the code generator uses it for finer pipeline stages); an op that normalises or
+    /// concatenates along the loop dim within a tile would change its meaning. Errors where a
+    /// loop tile's dim is not divisible by `k`.
+    pub fn with_finer_loop(&self, k: usize) -> Result<BlockGraph> {
+        let mut g = BlockGraph::new(self.grid_dim, self.block_dim, self.forloop_range * k, self.reduction_dimx)?;
+        let mut map: Vec<STensorId> = vec![0; self.tensors.len()];
+        for op in &self.ops {
+            let ins: Vec<STensorId> = op.inputs.iter().map(|&t| map[t]).collect();
+            for (&old, new) in op.outputs.iter().zip(g.replay(&op.kind, &ins)?) {
+                map[old] = new;
+            }
+        }
+        Ok(g)
+    }
+
     /// Bytes of shared memory if every tile had its own buffer (an upper bound before planning).
     pub fn shared_memory_upper_bound(&self) -> usize {
         self.tensors.iter().map(|t| numel(&t.dims) * t.dtype.size_bytes()).sum()

@@ -161,6 +161,18 @@ impl BlockOpKind {
         }
     }
 
+    /// Operands the op takes.
+    pub fn arity(&self) -> usize {
+        match self {
+            BlockOpKind::Input { .. } => 0,
+            BlockOpKind::Matmul
+            | BlockOpKind::Binary { .. }
+            | BlockOpKind::Concat { .. }
+            | BlockOpKind::ForloopAccumRescale { .. } => 2,
+            _ => 1,
+        }
+    }
+
     /// Whether the op is an accumulator (runs in the loop, produces a post-loop tensor).
     pub fn is_accumulator(&self) -> bool {
         matches!(
@@ -609,14 +621,7 @@ impl BlockGraph {
     /// included); returns its outputs (none for an output saver). Copies an op into another
     /// graph, where its tile shapes may differ.
     pub fn replay(&mut self, kind: &BlockOpKind, ins: &[STensorId]) -> Result<Vec<STensorId>> {
-        let arity = match kind {
-            BlockOpKind::Input { .. } => 0,
-            BlockOpKind::Matmul
-            | BlockOpKind::Binary { .. }
-            | BlockOpKind::Concat { .. }
-            | BlockOpKind::ForloopAccumRescale { .. } => 2,
-            _ => 1,
-        };
+        let arity = kind.arity();
         if ins.len() != arity {
             return invalid(kind.name(), format!("takes {arity} inputs, {} given", ins.len()));
         }

@@ -389,14 +389,7 @@ impl BlockGraph {
                     return invalid(op.kind.name(), format!("operand stensor #{i} is used before it is defined"));
                 }
             }
-            let want = match op.kind {
-                BlockOpKind::Input { .. } => 0,
-                BlockOpKind::Matmul
-                | BlockOpKind::Binary { .. }
-                | BlockOpKind::Concat { .. }
-                | BlockOpKind::ForloopAccumRescale { .. } => 2,
-                _ => 1,
-            };
+            let want = op.kind.arity();
             if ins.len() != want {
                 return invalid(op.kind.name(), format!("expects {want} operands, got {}", ins.len()));
             }

@@ -282,9 +282,9 @@ const WS_CONSUMER_REGS: usize = 240;
 /// loop). A one-wave wgmma attention region of one row group a
 /// warpgroup over 128 rows, or of two key slices over 64 rows (which then take alternate
 /// stages: [`ws_interleaved`]), Q by descriptor, 128 keys an iteration (64 where `three`:
-/// [`ws_three`]) and no running-max output, whose loop holds nothing but the region and its staged K and V, and whose other
-/// steps are loads, norms, element-wise groups and saves (they run on the consumers alone,
-/// with a consumer barrier for the block's). A cluster split merges after the loop as
+/// [`ws_three`]) and no running-max output, whose loop holds nothing but the region and its
+/// staged K and V, and whose other steps are loads, norms, element-wise groups and saves
+/// (they run on the consumers alone, with a consumer barrier for the block's). A cluster split merges after the loop as
 /// without. A normalised V only in the interleaved form, where the consumers scale P by the
 /// rows' factors (`run_ws`'s VN): in the 128-row form that measured slower than the plain
 /// loop's in-place norm (QK-norm b=16 on the H100: 35.1 against 32.4-33.6 us).
@@ -336,17 +336,15 @@ const WS3_THREADS: usize = 128;
 /// spills nothing at 152 or 160 in the 64-key steps; GQA b=8's prototype spilled 52 bytes at 144).
 const WS3_CONSUMER_REGS: usize = 160;
 
-/// Whether the interleaved warp-specialised form runs on three consumer warpgroups (`wgs`:
-/// `Options::ws_warpgroups`, by default where V is normalised) that take whole 64-key stages
-/// in turn: S, P and O then fit 160
-/// registers a thread where two warpgroups of 128-key steps take 240. A loop of 128-key tiles
-/// takes this form made twice as fine (`BlockGraph::with_finer_loop`, see `emit`): the
-/// producer copies 64-key stages ([`WS3_STAGES`]). The block graph's 256 threads run every
-/// step; a third warpgroup (threads 256 to 383) joins for the loop and the slices' merge
-/// only. Hand edits of saved winners in this form took, on the H100 (the bench's timing),
-/// GQA b=8 15.8 us against 16.6 and QK-norm b=8 18.9-19.1 against 20.4-20.9 (with 128-key
-/// producer stages, each released by the two warpgroups of its halves: no faster than two
-/// warpgroups).
+/// Whether the interleaved warp-specialised form runs on three consumer warpgroups that take
+/// whole 64-key stages in turn (`wgs`: `Options::ws_warpgroups`; by default where V is
+/// normalised): S, P and O then fit 160 registers a thread where two warpgroups of 128-key
+/// steps take 240. A loop of 128-key tiles takes it made twice as fine
+/// (`BlockGraph::with_finer_loop`, see [`emit`]), the producer copying [`WS3_STAGES`] 64-key
+/// stages. The block graph's 256 threads run every step; a third warpgroup (threads 256 to
+/// 383) joins for the loop and the slices' merge only. On the H100 (saved winners, the
+/// bench's timing) QK-norm b=8 took 19.3-19.5 us against 19.8-20.2 with two warpgroups, GQA
+/// b=8 16.2-16.4 against 15.4-15.6 (BENCHMARKS.md, thirty-sixth session).
 fn ws_three(f: &FlashRegion, wgs: WsWarpgroups) -> bool {
     let three = match wgs {
         WsWarpgroups::Auto => f.v_norm,

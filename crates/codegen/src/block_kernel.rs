@@ -204,7 +204,7 @@ pub(crate) fn emit(
     }
     // Three attention warpgroups take 64-key stages ([`ws_three`]): a loop of 128-key tiles
     // made twice as fine, where that takes the form; else the graph as it is.
-    if arch == 90 && wgs != WsWarpgroups::Two {
+    if arch == 90 && three_candidate(bg, wgs) {
         if let Ok(fine) = bg.with_finer_loop(2) {
             let three = emit_any(name, &fine, ins, outs, arch, wgs).ok().flatten();
             if let Some(e) = three.filter(|e| e.extra_threads == WS3_THREADS + WS_PRODUCER_THREADS) {
@@ -284,10 +284,11 @@ const WS_CONSUMER_REGS: usize = 240;
 /// stages: [`ws_interleaved`]), Q by descriptor, 128 keys an iteration (64 where `three`:
 /// [`ws_three`]) and no running-max output, whose loop holds nothing but the region and its
 /// staged K and V, and whose other steps are loads, norms, element-wise groups and saves
-/// (they run on the consumers alone, with a consumer barrier for the block's). A cluster split merges after the loop as
-/// without. A normalised V only in the interleaved form, where the consumers scale P by the
-/// rows' factors (`run_ws`'s VN): in the 128-row form that measured slower than the plain
-/// loop's in-place norm (QK-norm b=16 on the H100: 35.1 against 32.4-33.6 us).
+/// (they run on the consumers alone, with a consumer barrier for the block's). A cluster
+/// split merges after the loop as without. A normalised V only in the interleaved form, where
+/// the consumers scale P by the rows' factors (`run_ws`'s VN): in the 128-row form that
+/// measured slower than the plain loop's in-place norm (QK-norm b=16 on the H100: 35.1
+/// against 32.4-33.6 us).
 fn ws_form(
     bg: &BlockGraph,
     nt: usize,
@@ -346,12 +347,53 @@ const WS3_CONSUMER_REGS: usize = 160;
 /// bench's timing) QK-norm b=8 took 19.3-19.5 us against 19.8-20.2 with two warpgroups, GQA
 /// b=8 16.2-16.4 against 15.4-15.6 (BENCHMARKS.md, thirty-sixth session).
 fn ws_three(f: &FlashRegion, wgs: WsWarpgroups) -> bool {
-    let three = match wgs {
+    asks_three(f, wgs) && ws_interleaved(f) && f.n == 64 && f.dv == 64
+}
+
+/// Whether `wgs` asks for [`ws_three`] in region `f`.
+fn asks_three(f: &FlashRegion, wgs: WsWarpgroups) -> bool {
+    match wgs {
         WsWarpgroups::Auto => f.v_norm,
         WsWarpgroups::Two => false,
         WsWarpgroups::Three => true,
-    };
-    three && ws_interleaved(f) && f.n == 64 && f.dv == 64
+    }
+}
+
+/// Whether `bg` made twice as fine may take [`ws_three`]: an attention region of 64 rows,
+/// 128-key tiles and 64-wide values that `wgs` asks three warpgroups for ([`emit`] emits the
+/// finer graph only then).
+fn three_candidate(bg: &BlockGraph, wgs: WsWarpgroups) -> bool {
+    let l = liveness(bg);
+    flash::find(bg, &l.opneed, &l.uses).is_some_and(|f| asks_three(&f, wgs) && f.m == 64 && f.n == 128 && f.dv == 64)
+}
+
+/// Which tensors and ops an output needs, and each tensor's using ops.
+struct Liveness {
+    tneed: Vec<bool>,
+    opneed: Vec<bool>,
+    uses: Vec<Vec<usize>>,
+}
+
+/// The [`Liveness`] of `bg`.
+fn liveness(bg: &BlockGraph) -> Liveness {
+    let mut tneed = vec![false; bg.tensors.len()];
+    let mut opneed = vec![false; bg.ops.len()];
+    for (j, op) in bg.ops.iter().enumerate().rev() {
+        let need = matches!(op.kind, BlockOpKind::Output { .. }) || op.outputs.iter().any(|&t| tneed[t]);
+        if need {
+            opneed[j] = true;
+            for &t in &op.inputs {
+                tneed[t] = true;
+            }
+        }
+    }
+    let mut uses: Vec<Vec<usize>> = vec![Vec::new(); bg.tensors.len()];
+    for (j, op) in bg.ops.iter().enumerate() {
+        for &t in &op.inputs {
+            uses[t].push(j);
+        }
+    }
+    Liveness { tneed, opneed, uses }
 }
 
 /// Bytes of the attention's combine scratch: `FlashRegion::combine_bytes`, or three slices'
@@ -430,26 +472,7 @@ fn emit_with(
         ));
     }
 
-    // Liveness: which tensors an output needs.
-    let mut tneed = vec![false; n_t];
-    let mut opneed = vec![false; n_ops];
-    for j in (0..n_ops).rev() {
-        let op = &bg.ops[j];
-        let need = matches!(op.kind, BlockOpKind::Output { .. }) || op.outputs.iter().any(|&t| tneed[t]);
-        if need {
-            opneed[j] = true;
-            for &t in &op.inputs {
-                tneed[t] = true;
-            }
-        }
-    }
-    // Uses per tensor (op, operand slot).
-    let mut uses: Vec<Vec<usize>> = vec![Vec::new(); n_t];
-    for (j, op) in bg.ops.iter().enumerate() {
-        for &t in &op.inputs {
-            uses[t].push(j);
-        }
-    }
+    let Liveness { tneed, opneed, uses } = liveness(bg);
 
     let groups = fuse_elementwise(bg);
     let mut fr = if mode == FlashMode::Off { None } else { flash::find(bg, &opneed, &uses) };
@@ -1658,9 +1681,10 @@ impl Ctx<'_> {
     /// [`Ctx::load`] by the block's threads, or with `producer` by the warp-specialised
     /// producer's (`tid` < `nt` and `NT` = `nt` in scope either way). In the interleaved
     /// form's producer (24 registers) the unaligned fallback is never unrolled: unrolled, it
-    /// made ptxas spill in the vector path too (on the H100 GQA b=8 16.2 -> 15.5 us and
-    /// QK-norm b=8 20.4 -> 19.9 with two warpgroups, 17.7 -> 16.3 with three: 40 bytes of
-    /// spills -> none); in the 128-row form's it did not pay (MQA b=16 40.7 -> 42.5).
+    /// made ptxas spill in the vector path too (on the H100 GQA b=8 16.1-16.6 -> 15.4-15.6 us
+    /// and QK-norm b=8 20.4-20.7 -> 19.8-20.0 with two warpgroups, GQA b=8 17.5-17.7 ->
+    /// 16.2-16.4 with three: 40 bytes of spills -> none); in the 128-row form's it did not pay
+    /// (MQA b=16 40.3-41.1 -> 42.1-43.8, with fewer spills).
     fn load_by(
         &self,
         k: usize,

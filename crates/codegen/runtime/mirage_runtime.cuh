@@ -2195,7 +2195,12 @@ struct FlashWG {
   // adds about 45% to the instructions);
   // computing the next stage's factors after its S instead: 21.4 (without the factor loads
   // 18.4, without the barrier and scaling 19.5). Rewriting V in place by a producer that waits
-  // for each stage's copies kept two stages in flight (30 us).
+  // for each stage's copies kept two stages in flight (30 us). Three warpgroups (19.0-19.5 us
+  // here) against factors off the consumers (BENCHMARKS.md, thirty-seventh session): by the
+  // producer a few stages behind its copies 23.0-23.9; by two factor warps beside two copying
+  // ones 22.3-22.7 (17.7 without their sums: a warp's chain over a stage outlasts a step); as
+  // the diagonal of V V^T by the producer's wgmma 28.3-29.2; here in packed fp16 partial sums
+  // with an exact fallback 20.2-20.4.
   //
   // With SPLITV the producer marks each stage's K full on `full` and its V on `vfull` (each
   // once its own copies landed): a step's S starts before V has landed, and the step waits

@@ -1178,8 +1178,8 @@ template <int N>
 __device__ __forceinline__ void bar_sync_n() {
   asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory");
 }
-// Barrier `id` (chosen at run time) over N threads: a warpgroup's own in a warp-specialised
-// block (named barriers 2 on, `FlashWG::run_ws`).
+// Barrier `id` (chosen at run time) over N threads: a warpgroup's turn in a warp-specialised
+// block (named barriers 8 on, `FlashWG::run_ws`).
 template <int N>
 __device__ __forceinline__ void bar_sync_id(int id) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(N) : "memory");
@@ -2188,8 +2188,8 @@ struct FlashWG {
   // column scaled by its row's 1 / rms times V, so the stage's V is read, not rewritten. Each
   // step, beside its softmax, every thread of the warpgroup computes the factor of one of the
   // stage's keys (`v_factor`) into `rs` (the warpgroup's two slots of NK 16-bit factors, in
-  // alternation); after a barrier of the warpgroup P's fragments are scaled by them before
-  // its P V: the row sums stay those of unscaled P. QK-norm b=8 on the H100 (64-row
+  // alternation); after the warpgroup's turn (a barrier of its four warps, see below) P's
+  // fragments are scaled by them before its P V: the row sums stay those of unscaled P. QK-norm b=8 on the H100 (64-row
   // interleaved form, saved graph): 20.4 us against 16.8 for the same form without norms (a
   // step is issue-latency bound, about 9.4 cycles a warp instruction under ncu, and the norm
   // adds about 45% to the instructions);
@@ -2200,7 +2200,8 @@ struct FlashWG {
   // producer a few stages behind its copies 23.0-23.9; by two factor warps beside two copying
   // ones 22.3-22.7 (17.7 without their sums: a warp's chain over a stage outlasts a step); as
   // the diagonal of V V^T by the producer's wgmma 28.3-29.2; here in packed fp16 partial sums
-  // with an exact fallback 20.2-20.4.
+  // with an exact fallback 20.2-20.4. The factors are read after the turn rather than after
+  // a barrier of their own: 18.8-19.0 against 18.9-19.6 (b=16 30.0-30.4 against 30.0-30.1).
   //
   // With SPLITV the producer marks each stage's K full on `full` and its V on `vfull` (each
   // once its own copies landed): a step's S starts before V has landed, and the step waits
@@ -2224,6 +2225,7 @@ struct FlashWG {
     static_assert(QSS && (KS == 1 || ILV) && RG == 1 && BATCH == 1, "run_ws: one row group, slices by stage");
     static_assert(!VN || NK == 128 || NK == 64, "run_ws: V factors of 64- or 128-key steps");
     static_assert(!(VN && SPLITV), "run_ws: V marked full apart only without V factors");
+    static_assert(!VN || NWG > 1, "run_ws: V factors behind the warpgroups' turns (ping-pong)");
     constexpr int NF = NB * NFC;
     typedef float SH[RG][NFC][4];
     typedef unsigned PH[RG][NFC / 2][4];
@@ -2236,7 +2238,7 @@ struct FlashWG {
     // Stage of this warpgroup's k-th step.
     auto at = [&](const int k) { return ILV ? slice + k * KS : k; };
     const int mine = ILV ? (iters - slice + KS - 1) / KS : iters;
-    // This warpgroup's factor slots and barriers (named barriers 2 + its index, PP_BAR + it).
+    // This warpgroup's factor slots and turn barrier (named barrier PP_BAR + its index).
     const int wg = (lin_tid() >> 7) % NWG;
     // Turns of the warpgroups at their wgmma (see above): in stage order (ILV) or step by
     // step round the warpgroups, from warpgroup 0's, which the last warpgroup lets go first
@@ -2275,11 +2277,18 @@ struct FlashWG {
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + at(k - 1) % STAGES);
       }
+      const int turn = ILV ? u : k * NWG + wg;
+      if (more) {
+        mbar_wait(full + nxt, (un / STAGES) & 1);
+        fence_proxy_async();
+      }
+      // This warpgroup's turn: the previous turn's wgmma are issued.
+      if (PP) bar_sync_id<256>(PP_BAR + wg);
       unsigned w[VN ? NF : 1];
       if constexpr (VN) {
-        // Every factor of this stage is in (each thread of the warpgroup wrote one); the
-        // slot written next step was last read before this barrier.
-        bar_sync_id<128>(2 + wg);
+        // Every factor of this stage is in: the warpgroup's four warps have all waited at its
+        // turn since writing theirs (the turn is their barrier, as the next turn orders these
+        // reads before the next-but-one step's writes into this slot).
         const uint4* const f = reinterpret_cast<const uint4*>(rw + (k & 1) * NK) + (lane & 3) * (NF / 4);
 #pragma unroll
         for (int i = 0; i < NF / 4; ++i) {
@@ -2290,13 +2299,6 @@ struct FlashWG {
           w[4 * i + 3] = x.w;
         }
       }
-      const int turn = ILV ? u : k * NWG + wg;
-      if (more) {
-        mbar_wait(full + nxt, (un / STAGES) & 1);
-        fence_proxy_async();
-      }
-      // This warpgroup's turn: the previous turn's wgmma are issued.
-      if (PP) bar_sync_id<256>(PP_BAR + wg);
       if (more) {
 #pragma unroll
         for (int j = 0; j < NB; ++j) qk(Kst + nxt * kel, j, reinterpret_cast<SH&>(sc[0][j * NFC]));

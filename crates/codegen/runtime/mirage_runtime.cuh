@@ -2189,13 +2189,13 @@ struct FlashWG {
   // step, beside its softmax, every thread of the warpgroup computes the factor of one of the
   // stage's keys (`v_factor`) into `rs` (the warpgroup's two slots of NK 16-bit factors, in
   // alternation); after the warpgroup's turn (a barrier of its four warps, see below) P's
-  // fragments are scaled by them before its P V: the row sums stay those of unscaled P. QK-norm b=8 on the H100 (64-row
-  // interleaved form, saved graph): 20.4 us against 16.8 for the same form without norms (a
-  // step is issue-latency bound, about 9.4 cycles a warp instruction under ncu, and the norm
-  // adds about 45% to the instructions);
-  // computing the next stage's factors after its S instead: 21.4 (without the factor loads
-  // 18.4, without the barrier and scaling 19.5). Rewriting V in place by a producer that waits
-  // for each stage's copies kept two stages in flight (30 us). Three warpgroups (19.0-19.5 us
+  // fragments are scaled by them before its P V: the row sums stay those of unscaled P.
+  // QK-norm b=8 on the H100 (64-row interleaved form, saved graph): 20.4 us against 16.8 for
+  // the same form without norms (a step is issue-latency bound, about 9.4 cycles a warp
+  // instruction under ncu, and the norm adds about 45% to the instructions); computing the
+  // next stage's factors after its S instead: 21.4 (without the factor loads 18.4, without
+  // the barrier and scaling 19.5). Rewriting V in place by a producer that waits
+  // for each stage's copies kept two stages in flight (30 us). Three warpgroups (18.9-19.5 us
   // here) against factors off the consumers (BENCHMARKS.md, thirty-seventh session): by the
   // producer a few stages behind its copies 23.0-23.9; by two factor warps beside two copying
   // ones 22.3-22.7 (17.7 without their sums: a warp's chain over a stage outlasts a step); as

@@ -115,6 +115,22 @@ def test_generated_source_is_inspectable():
     assert plan["workspace_bytes"] >= 16 * 256 * 4
 
 
+def test_cuda_resources_report_every_kernel():
+    g = mi.new_kernel_graph()
+    x = g.new_input((16, 256), dtype=mi.float16)
+    w = g.new_input((256, 128), dtype=mi.float16)
+    g.mark_output(g.matmul(g.rms_norm(x, (256,)), w))
+    _, plan = _cuda.cuda_source(g, 90)
+    res = g.cuda_resources(90)
+    assert res["arch"] == 90 and isinstance(res["warnings"], list)
+    assert [k["name"] for k in res["kernels"]] == [k["name"] for k in plan["kernels"]]
+    for k, launch in zip(res["kernels"], plan["kernels"]):
+        assert k["block"] == launch["block"] and k["smem_bytes"] == launch["smem_bytes"]
+        assert 0 < k["registers"] <= 255, k
+        assert k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0, k
+        assert k["stack_frame_bytes"] >= 0 and k["barriers"] >= 0 and k["static_smem_bytes"] >= 0
+
+
 def test_ws_warpgroups_setting_is_checked(monkeypatch):
     g = mi.new_kernel_graph()
     x = g.new_input((16, 256), dtype=mi.float16)

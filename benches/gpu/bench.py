@@ -517,6 +517,8 @@ def run_cell(w: Workload, b: int, seed: int, args: argparse.Namespace, l2: int) 
             "winner_hash": winner.get("hash"),
             "stopped": st.get("stopped"),
         }
+        if args.resources:
+            cell["resources"] = winner_resources(best)
         if args.save_graphs:
             os.makedirs(args.save_graphs, exist_ok=True)
             name = f"{w.name}_{b}_{(winner.get('hash') or best.hash())[:8]}.json"
@@ -548,6 +550,26 @@ def run_cell(w: Workload, b: int, seed: int, args: argparse.Namespace, l2: int) 
     del sets, refs
     torch.cuda.empty_cache()
     return cell
+
+
+RESOURCE_KEYS = ("name", "block", "registers", "spill_store_bytes", "spill_load_bytes")
+
+
+def winner_resources(best: mi.KNGraph) -> list[dict[str, Any]] | str:
+    """ptxas's report of each of the winner's kernels (registers, spills; ``--resources``),
+    printed as one line a kernel; an error's text where the report failed."""
+    try:
+        kernels = best.cuda_resources()["kernels"]
+    except Exception as e:  # noqa: BLE001
+        return _short_error(e, "cuda_resources")
+    out = [{k: kern.get(k) for k in RESOURCE_KEYS} for kern in kernels]
+    for r in out:
+        print(
+            f"    kernel {r['name']}: {r['block'][0]} threads, {r['registers']} registers, "
+            f"spills {r['spill_store_bytes']} B stored / {r['spill_load_bytes']} B loaded",
+            flush=True,
+        )
+    return out
 
 
 def report(name: str, entry: dict[str, Any]) -> None:
@@ -801,6 +823,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--write-md", default=None, help="replace the bench section of this file")
     ap.add_argument(
         "--save-graphs", default=None, help="write each cell's chosen µGraph here as JSON"
+    )
+    ap.add_argument(
+        "--resources",
+        action="store_true",
+        help="record ptxas's registers and spills of each cell's kernels (a compile each)",
     )
     args = ap.parse_args(argv)
     known = {w.name for w in WORKLOADS}

@@ -1,5 +1,5 @@
 """Runs one workload's superoptimized graph a few times (for ncu / compute-sanitizer) and
-prints the chosen µGraph. GPU machine only.
+prints the chosen µGraph and ptxas's registers and spills of its kernels. GPU machine only.
 
     PYTHONPATH=/tmp/mi ncu -k regex:mi_ python benches/gpu/profile_one.py rmsnorm_linear 1
 """
@@ -30,6 +30,7 @@ def main() -> None:
                 print("   ", t["dims"], t["phase"])
         elif k["kind"] != "input":
             print(k["kind"])
+    bench.winner_resources(best)
     xs = bench.inputs_for(w.kind, dims, torch.Generator(device="cuda").manual_seed(0))
     for _ in range(3):
         best(inputs=xs)

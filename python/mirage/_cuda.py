@@ -48,6 +48,7 @@ __all__ = [
     "executable",
     "is_available",
     "nvrtc_info",
+    "resources",
     "run",
     "unavailable_reason",
     "wants_cuda",
@@ -161,6 +162,14 @@ def compile_cubin(graph: KNGraph, arch: int) -> bytes:
     """Generates and NVRTC-compiles ``graph`` for ``sm_{arch}``; returns the CUBIN."""
     _configure()
     return _core.cuda_compile(graph._core, int(arch))
+
+
+def resources(graph: KNGraph, arch: int) -> dict[str, Any]:
+    """The launch summary of ``graph``'s program for ``sm_{arch}`` with ptxas's report of each
+    kernel (registers, spills, stack frame, barriers, static shared memory) and its warnings."""
+    _configure()
+    out: dict[str, Any] = json.loads(_core.cuda_resources(graph._core, int(arch)))
+    return out
 
 
 def _save_dir(save_codes: Any) -> str | None:

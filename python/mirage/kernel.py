@@ -326,6 +326,20 @@ class KNGraph:
             arch = _cuda.default_arch()
         return _cuda.compile_cubin(self, arch)
 
+    def cuda_resources(self, arch: int | None = None) -> dict[str, Any]:
+        """What each generated kernel takes on ``sm_{arch}`` (default as :meth:`cuda_source`),
+        compiled with NVRTC and ptxas's verbose report; needs NVRTC, not a GPU.
+
+        Returns ``{"arch", "workspace_bytes", "kernels", "warnings"}``: per kernel, in launch
+        order, its launch (``name``, ``kind``, ``grid``, ``block``, ``cluster``, dynamic
+        ``smem_bytes``, ``args``) and ptxas's ``registers`` (a thread at entry),
+        ``spill_store_bytes``, ``spill_load_bytes``, ``stack_frame_bytes``, ``barriers`` and
+        ``static_smem_bytes``; ``warnings`` are ptxas's, one line each (e.g. an ignored
+        ``setmaxnreg``). A compile error raises ``RuntimeError`` with NVRTC's log."""
+        if arch is None:
+            arch = _cuda.default_arch()
+        return _cuda.resources(self, arch)
+
     # -------------------------------------------------------------- search
     def superoptimize(
         self,

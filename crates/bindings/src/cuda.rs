@@ -67,6 +67,19 @@ fn cuda_compile<'py>(py: Python<'py>, graph: PyRef<'_, KernelGraph>, arch: u32) 
     Ok(PyBytes::new(py, &cubin))
 }
 
+/// Generates `graph`'s program for `sm_{arch}` and compiles it with ptxas's verbose report:
+/// the launch summary JSON with each kernel's registers, spills, stack frame, barriers and
+/// static shared memory, and ptxas's warnings (`Program::resource_summary`).
+#[pyfunction]
+fn cuda_resources(py: Python<'_>, graph: PyRef<'_, KernelGraph>, arch: u32) -> PyResult<String> {
+    let g = graph.inner.clone();
+    py.detach(|| -> mirage::codegen::Result<_> {
+        let p = generate(&g, &Options::for_arch_from_env(arch)?)?;
+        Ok(p.resource_summary(&nvrtc::resources(&p.source, arch)?))
+    })
+    .map_err(to_py)
+}
+
 /// Compiles a CUDA source for `sm_{arch}` with NVRTC; returns the CUBIN.
 #[pyfunction]
 fn nvrtc_compile<'py>(py: Python<'py>, source: String, arch: u32) -> PyResult<Bound<'py, PyBytes>> {
@@ -220,6 +233,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_generate, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_compile, m)?)?;
     m.add_function(wrap_pyfunction!(nvrtc_compile, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_resources, m)?)?;
     m.add_function(wrap_pyfunction!(zoo_json, m)?)?;
     m.add_function(wrap_pyfunction!(zoo_paper_workloads, m)?)?;
     Ok(())

@@ -13,7 +13,8 @@
 //!   graph's threads, which fills its K/V stages behind mbarriers, and with three consumer
 //!   warpgroups ([`WsWarpgroups`]) a third attention warpgroup: `Emitted::extra_threads`).
 //! * [`nvrtc::compile`] compiles a source to a CUBIN for an exact `sm_XX`, with an in-memory
-//!   and on-disk cache; a missing NVRTC is an error, never a panic.
+//!   and on-disk cache; a missing NVRTC is an error, never a panic. [`nvrtc::resources`]
+//!   compiles with ptxas's verbose report ([`PtxasReport`]: registers, spills, warnings).
 //! * [`Executable`] loads a program on a device and launches it on raw device pointers on a
 //!   caller's stream (PyTorch tensors and streams from the Python package). On sm_90 every
 //!   kernel goes out as a programmatic dependent of the previous kernel in the stream: it
@@ -43,6 +44,7 @@ mod flash;
 pub mod generate;
 pub mod nvrtc;
 pub mod program;
+pub mod resources;
 mod rowreg;
 
 pub use block_kernel::SM90_SMEM_BYTES;
@@ -50,3 +52,4 @@ pub use error::{Error, Result};
 pub use exec::Executable;
 pub use generate::{generate, Options, WsWarpgroups, RUNTIME_HEADER};
 pub use program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};
+pub use resources::{KernelResources, PtxasReport};

@@ -19,6 +19,7 @@ use cudarc::nvrtc::sys;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::resources::PtxasReport;
 
 /// Search paths handed in by the host application (the Python package).
 #[derive(Debug, Default, Clone)]
@@ -304,7 +305,7 @@ pub fn compile(source: &str, arch: u32) -> Result<Arc<Vec<u8>>> {
         }
         return Ok(c);
     }
-    let cubin = Arc::new(compile_uncached(source, arch, &opts)?);
+    let cubin = Arc::new(compile_uncached(source, arch, &opts)?.0);
     if let Some(p) = disk {
         // Best effort: a cache that cannot be written is not an error.
         if let Some(dir) = p.parent() {
@@ -322,6 +323,17 @@ pub fn compile(source: &str, arch: u32) -> Result<Arc<Vec<u8>>> {
     Ok(cubin)
 }
 
+/// Compiles `source` for `sm_{arch}` with ptxas's verbose report (`--ptxas-options=-v`) and
+/// returns that report: each kernel's registers, spills, stack frame and barriers, and
+/// ptxas's warnings. Never cached (a diagnostic, as slow as a first compile); needs NVRTC, not
+/// a GPU. A compile error returns NVRTC's log.
+pub fn resources(source: &str, arch: u32) -> Result<PtxasReport> {
+    let info = info()?;
+    let mut opts = options(arch, &info);
+    opts.push("--ptxas-options=-v".into());
+    Ok(PtxasReport::parse(&compile_uncached(source, arch, &opts)?.1))
+}
+
 /// Owns an NVRTC program handle.
 struct Prog(sys::nvrtcProgram);
 
@@ -334,7 +346,8 @@ impl Drop for Prog {
     }
 }
 
-fn compile_uncached(source: &str, arch: u32, opts: &[String]) -> Result<Vec<u8>> {
+/// Compiles without the caches: the CUBIN and NVRTC's log (ptxas's report with `-v`).
+fn compile_uncached(source: &str, arch: u32, opts: &[String]) -> Result<(Vec<u8>, String)> {
     let src = CString::new(source).map_err(|_| Error::Unsupported("source contains a NUL byte".into()))?;
     let name = c"mirage_generated.cu";
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
@@ -374,7 +387,7 @@ fn compile_uncached(source: &str, arch: u32, opts: &[String]) -> Result<Vec<u8>>
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
         return Err(nvrtc_err("nvrtcGetCUBIN", r));
     }
-    Ok(buf)
+    Ok((buf, program_log(&prog)?))
 }
 
 fn program_log(prog: &Prog) -> Result<String> {

@@ -4,6 +4,8 @@
 use mirage_ugraph::DType;
 use serde_json::json;
 
+use crate::resources::PtxasReport;
+
 /// How a device tensor's elements are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Storage {
@@ -137,6 +139,28 @@ impl Program {
 
     /// A JSON summary of the launches (for inspection and the Python API).
     pub fn launch_summary(&self) -> String {
+        self.summary_with(|_| json!({})).to_string()
+    }
+
+    /// [`Program::launch_summary`] with what ptxas reported for each kernel (`report`, from
+    /// [`crate::nvrtc::resources`] of this program's source): `registers`, `barriers`,
+    /// `stack_frame_bytes`, `spill_store_bytes`, `spill_load_bytes` and `static_smem_bytes`
+    /// beside each launch (absent for a kernel the report lacks), and ptxas's `warnings`.
+    pub fn resource_summary(&self, report: &PtxasReport) -> String {
+        let mut v = self.summary_with(|name| match report.kernel(name) {
+            Some(r) => json!({
+                "registers": r.registers, "barriers": r.barriers, "stack_frame_bytes": r.stack_frame_bytes,
+                "spill_store_bytes": r.spill_store_bytes, "spill_load_bytes": r.spill_load_bytes,
+                "static_smem_bytes": r.static_smem_bytes,
+            }),
+            None => json!({}),
+        });
+        v["warnings"] = json!(report.warnings);
+        v.to_string()
+    }
+
+    /// The launch summary, each kernel's object extended by `extra(name)`'s fields.
+    fn summary_with(&self, extra: impl Fn(&str) -> serde_json::Value) -> serde_json::Value {
         let loc = |r: &BufferRef| match r {
             BufferRef::Input(i) => format!("input{i}"),
             BufferRef::Output(i) => format!("output{i}"),
@@ -146,12 +170,16 @@ impl Program {
             .kernels
             .iter()
             .map(|k| {
-                json!({
+                let mut o = json!({
                     "name": k.name, "kind": k.kind, "op": k.op, "grid": k.grid, "block": k.block, "cluster": k.cluster,
                     "smem_bytes": k.smem_bytes, "args": k.args.iter().map(loc).collect::<Vec<_>>(),
-                })
+                });
+                if let (Some(o), serde_json::Value::Object(e)) = (o.as_object_mut(), extra(&k.name)) {
+                    o.extend(e);
+                }
+                o
             })
             .collect();
-        json!({ "arch": self.arch, "workspace_bytes": self.workspace_bytes, "kernels": kernels }).to_string()
+        json!({ "arch": self.arch, "workspace_bytes": self.workspace_bytes, "kernels": kernels })
     }
 }

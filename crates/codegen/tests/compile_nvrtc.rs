@@ -405,3 +405,56 @@ fn skewed_warpgroup_attention_compiles() {
         }
     }
 }
+
+#[test]
+fn ptxas_report_names_each_kernel_and_its_spills() {
+    // Two kernels: one held to 32 registers (1024 threads, two blocks an SM) while 96 values
+    // stay live, which must spill; one that needs few registers.
+    if !setup() {
+        return;
+    }
+    let src = r#"
+extern "C" __global__ void __launch_bounds__(1024, 2) starved(float* a) {
+  float x[96];
+#pragma unroll
+  for (int i = 0; i < 96; ++i) x[i] = a[i * 1024 + threadIdx.x];
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 96; ++i) s += x[i] * x[95 - i] * a[(i + 96) * 1024 + threadIdx.x];
+#pragma unroll
+  for (int i = 0; i < 96; ++i) a[(i + 192) * 1024 + threadIdx.x] = x[i] * s;
+}
+extern "C" __global__ void plain(float* a) { a[threadIdx.x] += 1.0f; }
+"#;
+    let r = nvrtc::resources(src, 90).unwrap();
+    let names: Vec<&str> = r.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert!(names.len() == 2 && names.contains(&"starved") && names.contains(&"plain"), "{r:?}");
+    let starved = r.kernel("starved").unwrap();
+    assert!(starved.spills() && starved.registers <= 32 && starved.stack_frame_bytes > 0, "{starved:?}");
+    let plain = r.kernel("plain").unwrap();
+    assert!(!plain.spills() && plain.registers > 0 && plain.registers < 32, "{plain:?}");
+}
+
+#[test]
+fn interleaved_attention_spills_no_more_than_measured() {
+    // ptxas's report of the interleaved warp-specialised attention (the GQA and QK-norm b=8
+    // winners' form) with the venv's NVRTC (13.2, measured 2026-11-28): three consumer
+    // warpgroups (QK-norm's default) spill nothing; two (GQA's default) spill a few values.
+    // A change that makes either spill more fails here before it reaches the GPU (ptxas
+    // spills in these kernels cost up to 2 us a call on the H100: BENCHMARKS section 5).
+    if !setup() {
+        return;
+    }
+    for (_, b, cluster, qknorm, g) in interleaved_cases().into_iter().filter(|c| c.0 == DType::Float16) {
+        for (w, max_st, max_ld) in [(WsWarpgroups::Three, 0, 0), (WsWarpgroups::Two, 32, 72)] {
+            let p = generate(&g, &Options { ws_warpgroups: w, ..Options::for_arch(90) }).unwrap();
+            let r = nvrtc::resources(&p.source, 90).unwrap();
+            let what = format!("{b} blocks, cluster {cluster}, qknorm {qknorm}, {w:?}: {r:?}");
+            assert!(r.warnings.is_empty(), "ptxas warned: {what}");
+            for k in &p.kernels {
+                let res = r.kernel(&k.name).unwrap_or_else(|| panic!("no report of {}: {what}", k.name));
+                assert!(res.spill_store_bytes <= max_st && res.spill_load_bytes <= max_ld, "{what}");
+            }
+        }
+    }
+}

@@ -148,6 +148,15 @@ def test_compile_error_reports_the_nvrtc_log():
         _core.nvrtc_compile("__global__ void k() { not_declared(); }", 90)
 
 
+def test_unknown_architecture_names_the_option():
+    g = mi.new_kernel_graph()
+    x = g.new_input((16, 256), dtype=mi.float16)
+    g.mark_output(g.rms_norm(x, (256,)))
+    for call in (g.compile_cuda, g.cuda_resources):
+        with pytest.raises(RuntimeError, match=r"sm_1: .*--gpu-architecture"):
+            call(1)
+
+
 def test_cubin_cache_hits_disk(tmp_path, monkeypatch):
     cache = tmp_path / "c2"
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(cache))

@@ -369,10 +369,14 @@ fn compile_uncached(source: &str, arch: u32, opts: &[String]) -> Result<(Vec<u8>
     let r = unsafe { sys::nvrtcCompileProgram(prog.0, ptrs.len() as c_int, ptrs.as_ptr()) };
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
         let log = program_log(&prog).unwrap_or_else(|e| e.to_string());
-        return if r == sys::nvrtcResult::NVRTC_ERROR_COMPILATION {
-            Err(Error::Compile { arch, log })
-        } else {
-            Err(nvrtc_err("nvrtcCompileProgram", r))
+        return match r {
+            sys::nvrtcResult::NVRTC_ERROR_COMPILATION => Err(Error::Compile { arch, log }),
+            // NVRTC's log names the option (e.g. an architecture it does not know).
+            sys::nvrtcResult::NVRTC_ERROR_INVALID_OPTION => Err(Error::Nvrtc {
+                call: "nvrtcCompileProgram",
+                msg: format!("invalid option for sm_{arch}: {}", log.trim()),
+            }),
+            _ => Err(nvrtc_err("nvrtcCompileProgram", r)),
         };
     }
     let mut size = 0usize;

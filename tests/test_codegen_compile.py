@@ -148,6 +148,27 @@ def test_compile_error_reports_the_nvrtc_log():
         _core.nvrtc_compile("__global__ void k() { not_declared(); }", 90)
 
 
+def test_resources_script_reads_saved_graphs(tmp_path, capsys):
+    import importlib.util
+    import pathlib
+
+    script = pathlib.Path(__file__).parents[1] / "benches" / "gpu" / "resources.py"
+    spec = importlib.util.spec_from_file_location("resources_script", script)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = mi.new_kernel_graph()
+    x = g.new_input((16, 256), dtype=mi.float16)
+    w = g.new_input((256, 128), dtype=mi.float16)
+    g.mark_output(g.matmul(g.rms_norm(x, (256,)), w))
+    g.save_json(tmp_path / "g.json")
+    assert mod.main([str(tmp_path / "g.json")]) == 0
+    rows = [r.split(" | ") for r in capsys.readouterr().out.splitlines() if r.startswith("g.json")]
+    names = [k["name"] for k in g.cuda_resources(90)["kernels"]]
+    assert [r[1] for r in rows] == names and all(int(r[5]) > 0 for r in rows)
+    assert mod.main([str(tmp_path / "missing.json")]) == 1
+
+
 def test_unknown_architecture_names_the_option():
     g = mi.new_kernel_graph()
     x = g.new_input((16, 256), dtype=mi.float16)

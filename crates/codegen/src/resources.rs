@@ -45,8 +45,7 @@ impl KernelResources {
 pub struct PtxasReport {
     /// One entry per kernel, in the order ptxas compiled them.
     pub kernels: Vec<KernelResources>,
-    /// ptxas's warnings (e.g. `(C7508) Potential Performance Loss: wgmma.mma_async ...` or an
-    /// ignored `setmaxnreg`), one line each.
+    /// ptxas's warnings (e.g. wgmma serialised, or an ignored `setmaxnreg`), one line each.
     pub warnings: Vec<String>,
 }
 

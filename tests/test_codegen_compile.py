@@ -5,6 +5,8 @@ and sm_90 (CUBIN). A compile error fails the test with NVRTC's log.
 
 from __future__ import annotations
 
+import shutil
+
 import mirage as mi
 import numpy as np
 import pytest
@@ -131,6 +133,25 @@ def test_cuda_resources_report_every_kernel():
         assert k["stack_frame_bytes"] >= 0 and k["barriers"] >= 0 and k["static_smem_bytes"] >= 0
 
 
+def test_cuda_sass_lists_each_kernels_instructions(monkeypatch):
+    g = mi.new_kernel_graph()
+    x = g.new_input((16, 256), dtype=mi.float16)
+    w = g.new_input((256, 128), dtype=mi.float16)
+    g.mark_output(g.matmul(g.rms_norm(x, (256,)), w))
+    _, plan = _cuda.cuda_source(g, 90)
+    code = g.cuda_sass(90)
+    assert sorted(code) == sorted(k["name"] for k in plan["kernels"])
+    for name, k in code.items():
+        ops = k["opcodes"]
+        assert sum(ops.values()) == len(k["instructions"]) > 0, name
+        assert ops.get("EXIT", 0) > 0 and ops.get("STG", 0) > 0, (name, ops)
+        assert not any("." in o or o.startswith("@") for o in ops), (name, ops)
+    # MIRAGE_NVDISASM comes first: a program that fails is a RuntimeError saying so.
+    monkeypatch.setenv("MIRAGE_NVDISASM", shutil.which("false") or "/bin/false")
+    with pytest.raises(RuntimeError, match="SASS disassembly failed: .* exited with"):
+        g.cuda_sass(90)
+
+
 def test_ws_warpgroups_setting_is_checked(monkeypatch):
     g = mi.new_kernel_graph()
     x = g.new_input((16, 256), dtype=mi.float16)
@@ -162,10 +183,13 @@ def test_resources_script_reads_saved_graphs(tmp_path, capsys):
     w = g.new_input((256, 128), dtype=mi.float16)
     g.mark_output(g.matmul(g.rms_norm(x, (256,)), w))
     g.save_json(tmp_path / "g.json")
-    assert mod.main([str(tmp_path / "g.json")]) == 0
+    assert mod.main([str(tmp_path / "g.json"), "--sass"]) == 0
     rows = [r.split(" | ") for r in capsys.readouterr().out.splitlines() if r.startswith("g.json")]
     names = [k["name"] for k in g.cuda_resources(90)["kernels"]]
-    assert [r[1] for r in rows] == names and all(int(r[5]) > 0 for r in rows)
+    res = [r for r in rows if not r[2].startswith("sass:")]
+    sass = [r for r in rows if r[2].startswith("sass:")]
+    assert [r[1] for r in res] == names and all(int(r[5]) > 0 for r in res)
+    assert [r[1] for r in sass] == names and all("HGMMA 0, HMMA" in r[2] for r in sass)
     assert mod.main([str(tmp_path / "missing.json")]) == 1
 
 

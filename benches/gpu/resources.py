@@ -3,11 +3,13 @@ the winners ``bench.py --save-graphs DIR`` wrote on the GPU machine, read back h
 
     python benches/gpu/resources.py DIR/*.json            # sm_90 (as on the H100 / H200)
     python benches/gpu/resources.py --arch 80 g.json      # another architecture
+    python benches/gpu/resources.py --sass DIR/*.json     # + SASS counts (needs nvdisasm)
 
 One line a kernel: file, kernel, threads, cluster, dynamic shared memory, registers at entry,
 spill bytes stored / loaded, stack frame; ptxas's warnings after the file's kernels. The
 numbers are this machine's NVRTC's (``mi._cuda.nvrtc_info()``), which may differ from the
-GPU machine's.
+GPU machine's. With ``--sass``, a second line a kernel counts its SASS instructions: all of
+them, then the opcodes in ``SASS_OPS`` (wgmma, mma.sync, special functions, local memory).
 """
 
 from __future__ import annotations
@@ -20,11 +22,16 @@ from collections.abc import Sequence
 import mirage as mi
 from mirage import _cuda
 
+#: Opcodes ``--sass`` counts: tensor-core products (HGMMA: wgmma; HMMA: mma.sync), the special
+#: function unit (exponentials), local memory (spills), 16-byte async copies.
+SASS_OPS = ("HGMMA", "HMMA", "MUFU", "LDL", "STL", "LDGSTS")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("graphs", nargs="+", help="µGraph JSON files (KNGraph.save_json)")
     ap.add_argument("--arch", type=int, default=90, help="target sm_XX (default 90)")
+    ap.add_argument("--sass", action="store_true", help="also count SASS opcodes (nvdisasm)")
     args = ap.parse_args(argv)
     major, minor, _, _ = _cuda.nvrtc_info()
     print(f"NVRTC {major}.{minor}, sm_{args.arch}")
@@ -34,7 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in args.graphs:
         name = os.path.basename(path)
         try:
-            res = mi.load_json(path).cuda_resources(args.arch)
+            g = mi.load_json(path)
+            res = g.cuda_resources(args.arch)
+            code = g.cuda_sass(args.arch) if args.sass else {}
         except (OSError, ValueError, RuntimeError) as e:
             print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr)
             status = 1
@@ -46,6 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{k.get('registers')} | {k.get('spill_store_bytes')} | "
                 f"{k.get('spill_load_bytes')} | {k.get('stack_frame_bytes')}"
             )
+            if k["name"] in code:
+                ops = code[k["name"]]["opcodes"]
+                counts = ", ".join(f"{o} {ops.get(o, 0)}" for o in SASS_OPS)
+                total = len(code[k["name"]]["instructions"])
+                print(f"{name} | {k['name']} | sass: {total} instructions, {counts}")
         for w in res["warnings"]:
             print(f"{name} | warning: {w}")
     return status

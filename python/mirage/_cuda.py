@@ -50,6 +50,7 @@ __all__ = [
     "nvrtc_info",
     "resources",
     "run",
+    "sass",
     "unavailable_reason",
     "wants_cuda",
 ]
@@ -170,6 +171,17 @@ def resources(graph: KNGraph, arch: int) -> dict[str, Any]:
     _configure()
     out: dict[str, Any] = json.loads(_core.cuda_resources(graph._core, int(arch)))
     return out
+
+
+def sass(graph: KNGraph, arch: int) -> dict[str, dict[str, Any]]:
+    """The SASS of each of ``graph``'s kernels for ``sm_{arch}`` by kernel name, in the
+    CUBIN's order: ``{"instructions": [...], "opcodes": {opcode: count}}`` (see
+    :meth:`KNGraph.cuda_sass`)."""
+    _configure()
+    return {
+        name: {"instructions": ins, "opcodes": dict(ops)}
+        for name, ins, ops in _core.cuda_sass(graph._core, int(arch))
+    }
 
 
 def _save_dir(save_codes: Any) -> str | None:

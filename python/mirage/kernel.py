@@ -340,6 +340,18 @@ class KNGraph:
             arch = _cuda.default_arch()
         return _cuda.resources(self, arch)
 
+    def cuda_sass(self, arch: int | None = None) -> dict[str, dict[str, Any]]:
+        """The machine code (SASS) of each generated kernel on ``sm_{arch}`` (default as
+        :meth:`cuda_source`), by kernel name: ``{"instructions": [...], "opcodes": {...}}``,
+        each instruction as ``nvdisasm`` prints it (predicate included, address and ``;``
+        left out), and how many instructions have each opcode (``HGMMA``, ``MUFU``, ``LDL``,
+        ...: modifiers and predicate left out). Needs NVRTC and ``nvdisasm`` (the
+        ``nvidia-cuda-nvdisasm`` pip package, a CUDA toolkit, or ``MIRAGE_NVDISASM``), not a
+        GPU; ``RuntimeError`` says which is missing."""
+        if arch is None:
+            arch = _cuda.default_arch()
+        return _cuda.sass(self, arch)
+
     # -------------------------------------------------------------- search
     def superoptimize(
         self,

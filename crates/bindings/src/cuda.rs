@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use mirage::codegen::{generate, nvrtc, Error, Executable, Options, Program};
+use mirage::codegen::{generate, nvrtc, sass, Error, Executable, Options, Program};
 use mirage::zoo::{self, Attn};
 use mirage::DType;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -79,6 +79,29 @@ fn cuda_resources(py: Python<'_>, graph: PyRef<'_, KernelGraph>, arch: u32) -> P
     })
     .map_err(to_py)
 }
+
+/// Generates and compiles `graph` for `sm_{arch}` (cached) and disassembles the CUBIN with
+/// `nvdisasm`: `[(kernel name, instructions, [(opcode, count)])]` in the CUBIN's order.
+#[pyfunction]
+fn cuda_sass(py: Python<'_>, graph: PyRef<'_, KernelGraph>, arch: u32) -> PyResult<Vec<SassRow>> {
+    let g = graph.inner.clone();
+    let kernels = py
+        .detach(|| -> mirage::codegen::Result<_> {
+            let p = generate(&g, &Options::for_arch_from_env(arch)?)?;
+            sass::disassemble(&nvrtc::compile(&p.source, arch)?)
+        })
+        .map_err(to_py)?;
+    Ok(kernels
+        .into_iter()
+        .map(|k| {
+            let counts = k.opcode_counts().into_iter().map(|(o, n)| (o.to_string(), n)).collect();
+            (k.name, k.instructions, counts)
+        })
+        .collect())
+}
+
+/// One kernel's SASS as `cuda_sass` returns it.
+type SassRow = (String, Vec<String>, Vec<(String, usize)>);
 
 /// Compiles a CUDA source for `sm_{arch}` with NVRTC; returns the CUBIN.
 #[pyfunction]
@@ -234,6 +257,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_compile, m)?)?;
     m.add_function(wrap_pyfunction!(nvrtc_compile, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_resources, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_sass, m)?)?;
     m.add_function(wrap_pyfunction!(zoo_json, m)?)?;
     m.add_function(wrap_pyfunction!(zoo_paper_workloads, m)?)?;
     Ok(())

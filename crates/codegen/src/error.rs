@@ -47,6 +47,9 @@ pub enum Error {
         /// The error.
         msg: String,
     },
+    /// The disassembler (`nvdisasm`) could not be found or failed on a CUBIN.
+    #[error("SASS disassembly failed: {0}")]
+    Disassembler(String),
     /// A CUDA driver call failed.
     #[error("CUDA driver call {call} failed: {msg}")]
     Driver {

@@ -14,7 +14,8 @@
 //!   warpgroups ([`WsWarpgroups`]) a third attention warpgroup: `Emitted::extra_threads`).
 //! * [`nvrtc::compile`] compiles a source to a CUBIN for an exact `sm_XX`, with an in-memory
 //!   and on-disk cache; a missing NVRTC is an error, never a panic. [`nvrtc::resources`]
-//!   compiles with ptxas's verbose report ([`PtxasReport`]: registers, spills, warnings).
+//!   compiles with ptxas's verbose report ([`PtxasReport`]: registers, spills, warnings);
+//!   [`sass::disassemble`] reads a CUBIN's machine code per kernel with `nvdisasm`.
 //! * [`Executable`] loads a program on a device and launches it on raw device pointers on a
 //!   caller's stream (PyTorch tensors and streams from the Python package). On sm_90 every
 //!   kernel goes out as a programmatic dependent of the previous kernel in the stream: it
@@ -46,6 +47,7 @@ pub mod nvrtc;
 pub mod program;
 pub mod resources;
 mod rowreg;
+pub mod sass;
 
 pub use block_kernel::SM90_SMEM_BYTES;
 pub use error::{Error, Result};
@@ -53,3 +55,4 @@ pub use exec::Executable;
 pub use generate::{generate, Options, WsWarpgroups, RUNTIME_HEADER};
 pub use program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};
 pub use resources::{KernelResources, PtxasReport};
+pub use sass::KernelSass;

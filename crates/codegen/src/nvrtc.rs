@@ -83,6 +83,25 @@ fn cuda_roots() -> Vec<PathBuf> {
     r
 }
 
+/// Folders that may hold CUDA's command-line tools (`nvdisasm`): `bin` beside each configured
+/// library folder (the nvidia pip packages' `cu13/lib` -> `cu13/bin`) and beside the loaded
+/// NVRTC's folder, then `CUDA_HOME`/`CUDA_PATH`/`/usr/local/cuda`'s `bin`.
+pub(crate) fn tool_dirs() -> Vec<PathBuf> {
+    let cfg = config().lock().map(|c| c.clone()).unwrap_or_default();
+    let loaded_lib = loaded().lock().ok().and_then(|l| l.as_ref().and_then(|i| i.library.clone()));
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for lib in cfg.lib_paths.iter().chain(loaded_lib.as_ref()) {
+        let dir = if lib.is_file() { lib.parent() } else { Some(lib.as_path()) };
+        if let Some(bin) = dir.and_then(Path::parent).map(|p| p.join("bin")) {
+            if !dirs.contains(&bin) {
+                dirs.push(bin);
+            }
+        }
+    }
+    dirs.extend(cuda_roots().into_iter().map(|r| r.join("bin")));
+    dirs
+}
+
 /// Candidate NVRTC library files, in priority order.
 fn library_candidates(cfg: &Config) -> Vec<PathBuf> {
     let mut dirs_or_files: Vec<PathBuf> = env_paths("MIRAGE_NVRTC_PATH");

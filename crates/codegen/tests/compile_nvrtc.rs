@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use mirage_codegen::{generate, nvrtc, Options, WsWarpgroups};
+use mirage_codegen::{generate, nvrtc, sass, Options, WsWarpgroups};
 use mirage_ugraph::zoo::{self, Attn};
 use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph, KernelOpKind, UnaryOp};
 
@@ -464,6 +464,53 @@ fn warp_specialised_attention_spills_no_more_than_measured() {
         for k in &p.kernels {
             let res = r.kernel(&k.name).unwrap_or_else(|| panic!("no report of {}: {what}", k.name));
             assert!(res.spill_store_bytes <= max_st && res.spill_load_bytes <= max_ld, "{what}");
+        }
+    }
+}
+
+/// Whether `nvdisasm` can be found (in CI, with the venv's nvidia-cuda-nvdisasm, it must be).
+fn nvdisasm_or_skip() -> bool {
+    match sass::nvdisasm() {
+        Ok(_) => true,
+        Err(e) if std::env::var_os("CI").is_some() => panic!("{e}"),
+        Err(e) => {
+            eprintln!("SKIPPED: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn warp_specialised_attention_sass() {
+    // The SASS of the warp-specialised attention forms (the interleaved ones with two and
+    // three consumer warpgroups, the 128-row one): the matrix products run as wgmma (HGMMA,
+    // no HMMA fallback), both warpgroup roles' `setmaxnreg` survive (two USETMAXREG), every
+    // cp.async moves 16 bytes, and three warpgroups touch no local memory.
+    if !setup() || !nvdisasm_or_skip() {
+        return;
+    }
+    let mut cases: Vec<(String, KernelGraph, WsWarpgroups)> = Vec::new();
+    for (_, b, cluster, qknorm, g) in interleaved_cases().into_iter().filter(|c| c.0 == DType::Float16) {
+        for w in [WsWarpgroups::Two, WsWarpgroups::Three] {
+            cases.push((format!("interleaved, {b} blocks, cluster {cluster}, qknorm {qknorm}"), g.clone(), w));
+        }
+    }
+    let a = Attn { b: 128, h: 128, d: 64, s: 1024, splits: 1, frange: 8, qsplit: 1 };
+    cases.push(("128 rows".into(), one_kernel_attention(a, DType::Float16, 256), WsWarpgroups::Auto));
+    for (name, g, w) in cases {
+        let p = generate(&g, &Options { ws_warpgroups: w, ..Options::for_arch(90) }).unwrap();
+        let kernels = sass::disassemble(&nvrtc::compile(&p.source, 90).unwrap()).unwrap();
+        assert_eq!(kernels.len(), p.kernels.len(), "{name}, {w:?}");
+        for k in &kernels {
+            let what = format!("{name}, {w:?}, {}: {:?}", k.name, k.opcode_counts());
+            assert!(k.count("HGMMA") > 0 && k.count("HMMA") == 0, "{what}");
+            assert_eq!(k.count("USETMAXREG"), 2, "{what}");
+            let copies: Vec<&String> =
+                k.instructions.iter().zip(k.opcodes()).filter(|&(_, op)| op == "LDGSTS").map(|(i, _)| i).collect();
+            assert!(!copies.is_empty() && copies.iter().all(|i| i.contains(".128 ")), "{what}: {copies:?}");
+            if w == WsWarpgroups::Three {
+                assert_eq!(k.count("LDL") + k.count("STL"), 0, "{what}");
+            }
         }
     }
 }

@@ -105,11 +105,17 @@ def test_block_ops_compile():
     _compile(g, "block ops")
 
 
-def test_generated_source_is_inspectable():
+def _rmsnorm_matmul() -> mi.KNGraph:
+    """rms_norm then matmul as two predefined kernels (X 16x256, W 256x128)."""
     g = mi.new_kernel_graph()
     x = g.new_input((16, 256), dtype=mi.float16)
     w = g.new_input((256, 128), dtype=mi.float16)
     g.mark_output(g.matmul(g.rms_norm(x, (256,)), w))
+    return g
+
+
+def test_generated_source_is_inspectable():
+    g = _rmsnorm_matmul()
     src = g.cuda_source(90)
     assert "namespace mi" in src and src.count('extern "C" __global__') == 2
     _, plan = _cuda.cuda_source(g, 80)
@@ -118,10 +124,7 @@ def test_generated_source_is_inspectable():
 
 
 def test_cuda_resources_report_every_kernel():
-    g = mi.new_kernel_graph()
-    x = g.new_input((16, 256), dtype=mi.float16)
-    w = g.new_input((256, 128), dtype=mi.float16)
-    g.mark_output(g.matmul(g.rms_norm(x, (256,)), w))
+    g = _rmsnorm_matmul()
     _, plan = _cuda.cuda_source(g, 90)
     res = g.cuda_resources(90)
     assert res["arch"] == 90 and isinstance(res["warnings"], list)
@@ -134,10 +137,7 @@ def test_cuda_resources_report_every_kernel():
 
 
 def test_cuda_sass_lists_each_kernels_instructions(monkeypatch):
-    g = mi.new_kernel_graph()
-    x = g.new_input((16, 256), dtype=mi.float16)
-    w = g.new_input((256, 128), dtype=mi.float16)
-    g.mark_output(g.matmul(g.rms_norm(x, (256,)), w))
+    g = _rmsnorm_matmul()
     _, plan = _cuda.cuda_source(g, 90)
     code = g.cuda_sass(90)
     assert sorted(code) == sorted(k["name"] for k in plan["kernels"])
@@ -178,10 +178,7 @@ def test_resources_script_reads_saved_graphs(tmp_path, capsys):
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    g = mi.new_kernel_graph()
-    x = g.new_input((16, 256), dtype=mi.float16)
-    w = g.new_input((256, 128), dtype=mi.float16)
-    g.mark_output(g.matmul(g.rms_norm(x, (256,)), w))
+    g = _rmsnorm_matmul()
     g.save_json(tmp_path / "g.json")
     assert mod.main([str(tmp_path / "g.json"), "--sass"]) == 0
     rows = [r.split(" | ") for r in capsys.readouterr().out.splitlines() if r.startswith("g.json")]

@@ -324,7 +324,7 @@ pub fn compile(source: &str, arch: u32) -> Result<Arc<Vec<u8>>> {
         }
         return Ok(c);
     }
-    let cubin = Arc::new(compile_uncached(source, arch, &opts)?.0);
+    let cubin = Arc::new(compile_uncached(source, arch, &opts, false)?.0);
     if let Some(p) = disk {
         // Best effort: a cache that cannot be written is not an error.
         if let Some(dir) = p.parent() {
@@ -350,7 +350,7 @@ pub fn resources(source: &str, arch: u32) -> Result<PtxasReport> {
     let info = info()?;
     let mut opts = options(arch, &info);
     opts.push("--ptxas-options=-v".into());
-    Ok(PtxasReport::parse(&compile_uncached(source, arch, &opts)?.1))
+    Ok(PtxasReport::parse(&compile_uncached(source, arch, &opts, true)?.1))
 }
 
 /// Owns an NVRTC program handle.
@@ -365,8 +365,9 @@ impl Drop for Prog {
     }
 }
 
-/// Compiles without the caches: the CUBIN and NVRTC's log (ptxas's report with `-v`).
-fn compile_uncached(source: &str, arch: u32, opts: &[String]) -> Result<(Vec<u8>, String)> {
+/// Compiles without the caches: the CUBIN and, with `log`, NVRTC's log of the successful
+/// compile (ptxas's report with `-v`; empty without `log`).
+fn compile_uncached(source: &str, arch: u32, opts: &[String], log: bool) -> Result<(Vec<u8>, String)> {
     let src = CString::new(source).map_err(|_| Error::Unsupported("source contains a NUL byte".into()))?;
     let name = c"mirage_generated.cu";
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
@@ -410,7 +411,7 @@ fn compile_uncached(source: &str, arch: u32, opts: &[String]) -> Result<(Vec<u8>
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
         return Err(nvrtc_err("nvrtcGetCUBIN", r));
     }
-    Ok((buf, program_log(&prog)?))
+    Ok((buf, if log { program_log(&prog)? } else { String::new() }))
 }
 
 fn program_log(prog: &Prog) -> Result<String> {

@@ -17,7 +17,7 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -119,7 +119,7 @@ pub fn disassemble(cubin: &[u8]) -> Result<Vec<KernelSass>> {
     if !out.status.success() {
         return Err(Error::Disassembler(format!(
             "{} exited with {}: {}",
-            Path::new(&exe).display(),
+            exe.display(),
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         )));

@@ -1,4 +1,4 @@
-// Streaming microbenchmark (the H100 GPU machine; BENCHMARKS.md section 5): how fast can a
+// Streaming microbenchmark (the H100 / H200 GPU machine; BENCHMARKS.md section 5): how fast can a
 // 4096x4096 fp16 W (row-major [K, N]) be read cold (6 rotated copies, 192 MiB > 3x L2), per
 // access pattern: grid-stride vector loads, cp.async column strips (the generated GEMV loops'
 // pattern), 1-D bulk copies and 2-D TMA tiles? One CUDA graph per variant, median µs per launch.
@@ -232,6 +232,10 @@ int main() {
   run_strip<128, 32, 8, 8, 128>();   // 256 CTAs
   run_strip<512, 16, 8, 16, 256>();
   run_strip<32, 256, 4, 1, 128>(94464);
+  run_strip<64, 128, 4, 2, 256>();   // RMSNorm+Linear b=1's H200 winner's shape (K split over a cluster of 2)
+  run_strip<64, 128, 8, 2, 256>();
+  run_strip<32, 256, 4, 1, 256>(98368);  // b=8's winner's shape and shared memory
+  run_strip<32, 128, 12, 1, 256>();
   if (getenv("NOBULK")) return 0;
   run_bulk<128, 64, 4, 4, 128, 0>(0);
   run_bulk<128, 64, 8, 4, 128, 0>(0);

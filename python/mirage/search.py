@@ -86,7 +86,7 @@ _BACKENDS = ("cuda", "cpu")
 #: K tiles) is 49th-56th in that order, the cost model charging its 32 loop steps as a chain.
 _GPU_TOP_N = 64
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 39
+_CACHE_VERSION = 40
 #: Candidates compiled and timed on a GPU: every one verified there. The cost model ranks
 #: attention forms roughly (the twelfth session's winners sat up to 26th of 28-38), so the
 #: timings decide among all of them.

@@ -471,6 +471,28 @@ fn the_epilogue_runs_in_registers_and_its_finishes_need_no_barrier_between() {
 }
 
 #[test]
+fn a_cluster_split_merges_the_matmul_and_the_rms_sums_in_one_barrier_pair() {
+    // RMSNorm + Linear on 8 blocks of 16 iterations: on sm_90 each loop is split across a
+    // cluster, and the matmul's tile and the sums of squares are added into the first block
+    // between one pair of cluster barriers; the rms (a square root of the whole sum) is taken
+    // after the merge, not of each block's partial sum.
+    let pair = zoo::rmsnorm_linear(4, 1024, 512, 8, 16, DType::Float16).expect("zoo");
+    let p = generate(&pair.ugraph, &Options::for_arch(90)).expect("generates");
+    assert!(p.kernels.iter().any(|k| k.cluster != [1; 3]), "{}", p.launch_summary());
+    let src = kernel_source(&pair.ugraph);
+    let after = &src[src.find("mi::cp_async_wait<0>();").expect("the final wait")..];
+    assert_eq!(after.matches("mi::cluster_sync();").count(), 2, "{after}");
+    assert_eq!(after.matches("mi::cluster_sum<").count(), 2, "{after}");
+    let first = after.find("mi::cluster_sync();").expect("a merge");
+    let second = first + 1 + after[first + 1..].find("mi::cluster_sync();").expect("its end");
+    let finishes = after.matches(".finish(").count();
+    assert_eq!(after[..first].matches(".finish(").count(), finishes, "{after}");
+    assert!(after[first..second].matches("mi::cluster_sum<").count() == 2, "{after}");
+    let root = after.find("sqrtf(").expect("the rms");
+    assert!(root > second, "{after}");
+}
+
+#[test]
 fn an_epilogue_reads_whole_rows_16_bytes_at_a_time_and_a_row_divisor_once() {
     // The same epilogue (acc / rms over [32, 32] tiles, eight elements a thread): the
     // accumulator tile is read as two float4 (one float at a time, a warp's reads were 8-way

@@ -134,6 +134,7 @@ def test_cuda_resources_report_every_kernel():
         assert 0 < k["registers"] <= 255, k
         assert k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0, k
         assert k["stack_frame_bytes"] >= 0 and k["barriers"] >= 0 and k["static_smem_bytes"] >= 0
+    assert "ptxas_log" not in res  # only where the report misses a kernel
 
 
 def test_cuda_sass_lists_each_kernels_instructions(monkeypatch):

@@ -559,10 +559,15 @@ def winner_resources(best: mi.KNGraph) -> list[dict[str, Any]] | str:
     """ptxas's report of each of the winner's kernels (registers, spills; ``--resources``),
     printed as one line a kernel; an error's text where the report failed."""
     try:
-        kernels = best.cuda_resources()["kernels"]
+        res = best.cuda_resources()
     except Exception as e:  # noqa: BLE001
         return _short_error(e, "cuda_resources")
-    out = [{k: kern.get(k) for k in RESOURCE_KEYS} for kern in kernels]
+    out = [{k: kern.get(k) for k in RESOURCE_KEYS} for kern in res["kernels"]]
+    if "ptxas_log" in res:  # a kernel ptxas's report does not name: keep the log to see why
+        out[0]["ptxas_log"] = res["ptxas_log"]
+        print(
+            "    ptxas's report lacks a kernel; its log:\n" + res["ptxas_log"][-2000:], flush=True
+        )
     for r in out:
         print(
             f"    kernel {r['name']}: {r['block'][0]} threads, {r['registers']} registers, "

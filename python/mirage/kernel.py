@@ -335,7 +335,9 @@ class KNGraph:
         ``smem_bytes``, ``args``) and ptxas's ``registers`` (a thread at entry),
         ``spill_store_bytes``, ``spill_load_bytes``, ``stack_frame_bytes``, ``barriers`` and
         ``static_smem_bytes``; ``warnings`` are ptxas's, one line each (e.g. an ignored
-        ``setmaxnreg``). A compile error raises ``RuntimeError`` with NVRTC's log."""
+        ``setmaxnreg``). Where ptxas's report names no kernel of a launch (that kernel then
+        lacks ``registers`` and the rest), ``ptxas_log`` holds NVRTC's whole log. A compile
+        error raises ``RuntimeError`` with NVRTC's log."""
         if arch is None:
             arch = _cuda.default_arch()
         return _cuda.resources(self, arch)

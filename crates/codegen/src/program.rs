@@ -145,7 +145,8 @@ impl Program {
     /// [`Program::launch_summary`] with what ptxas reported for each kernel (`report`, from
     /// [`crate::nvrtc::resources`] of this program's source): `registers`, `barriers`,
     /// `stack_frame_bytes`, `spill_store_bytes`, `spill_load_bytes` and `static_smem_bytes`
-    /// beside each launch (absent for a kernel the report lacks), and ptxas's `warnings`.
+    /// beside each launch (absent for a kernel the report lacks), and ptxas's `warnings`;
+    /// where the report lacks a kernel, NVRTC's whole log too (`ptxas_log`).
     pub fn resource_summary(&self, report: &PtxasReport) -> String {
         let mut v = self.summary_with(|name| match report.kernel(name) {
             Some(r) => json!({
@@ -156,6 +157,10 @@ impl Program {
             None => json!({}),
         });
         v["warnings"] = json!(report.warnings);
+        // A kernel ptxas's report does not name: the log itself, to see why.
+        if self.kernels.iter().any(|k| report.kernel(&k.name).is_none()) {
+            v["ptxas_log"] = json!(report.log);
+        }
         v.to_string()
     }
 
@@ -181,5 +186,37 @@ impl Program {
             })
             .collect();
         json!({ "arch": self.arch, "workspace_bytes": self.workspace_bytes, "kernels": kernels })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{generate, Options, PtxasReport};
+    use mirage_ugraph::{zoo, DType};
+
+    #[test]
+    fn the_resource_summary_keeps_the_log_only_where_a_kernel_is_missing() {
+        let pair = zoo::rmsnorm_linear(8, 1024, 1024, 64, 8, DType::Float16).expect("zoo");
+        let p = generate(&pair.ugraph, &Options::for_arch(90)).expect("generates");
+        let log: String = p
+            .kernels
+            .iter()
+            .map(|k| {
+                format!(
+                    "ptxas info    : Compiling entry function '{0}' for 'sm_90a'\n\
+                     ptxas info    : Function properties for {0}\n\
+                     ptxas info    : Used 64 registers, used 1 barriers\n",
+                    k.name
+                )
+            })
+            .collect();
+        let full: serde_json::Value =
+            serde_json::from_str(&p.resource_summary(&PtxasReport::parse(&log))).expect("json");
+        assert!(full.get("ptxas_log").is_none(), "{full}");
+        assert!(full["kernels"].as_array().is_some_and(|ks| ks.iter().all(|k| k["registers"] == 64)), "{full}");
+        let short = &log[..log.rfind("ptxas info    : Compiling").expect("a kernel")];
+        let part: serde_json::Value =
+            serde_json::from_str(&p.resource_summary(&PtxasReport::parse(short))).expect("json");
+        assert_eq!(part["ptxas_log"], short, "{part}");
     }
 }

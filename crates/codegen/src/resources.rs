@@ -47,13 +47,15 @@ pub struct PtxasReport {
     pub kernels: Vec<KernelResources>,
     /// ptxas's warnings (e.g. wgmma serialised, or an ignored `setmaxnreg`), one line each.
     pub warnings: Vec<String>,
+    /// The log as NVRTC gave it, for a report that misses a kernel.
+    pub log: String,
 }
 
 impl PtxasReport {
     /// Parses NVRTC's log of a compile with `--ptxas-options=-v`. Lines it does not know are
     /// skipped; properties of non-entry functions are not attributed to a kernel.
     pub fn parse(log: &str) -> PtxasReport {
-        let mut r = PtxasReport::default();
+        let mut r = PtxasReport { log: log.to_string(), ..PtxasReport::default() };
         // Whether the current "Function properties" block is the current kernel's.
         let mut own = false;
         for line in log.lines() {
@@ -149,6 +151,8 @@ ptxas info    : Used 32 registers, used 0 barriers, 0 bytes cumulative stack siz
 
     #[test]
     fn unknown_text_gives_an_empty_report() {
-        assert_eq!(PtxasReport::parse("nothing here\n"), PtxasReport::default());
+        let r = PtxasReport::parse("nothing here\n");
+        assert!(r.kernels.is_empty() && r.warnings.is_empty());
+        assert_eq!(r.log, "nothing here\n");
     }
 }

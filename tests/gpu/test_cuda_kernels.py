@@ -594,3 +594,15 @@ def test_back_to_back_calls_read_finished_results(in_graph):
     for i, (o, r) in enumerate(zip(xs, ref)):
         assert torch.isfinite(o).all(), f"call {i}: unwritten elements"
         assert _rel(o, r) < 1e-3, f"call {i}: relative error {_rel(o, r):.3g}"
+
+
+def test_resources_after_a_run_still_report_every_kernel():
+    """The GPU's own NVRTC (13.0 on the H200's image) skips ptxas, and its report, for PTX it
+    compiled before in the process: a graph that has run, and a report asked twice, must still
+    name every kernel with its registers."""
+    _, ug = _zoo("rmsnorm_linear", "float16", [4, 1024, 512, 8, 16])
+    check(ug, mi.float16)
+    for _ in range(2):
+        res = ug.cuda_resources()
+        assert "ptxas_log" not in res, res.get("ptxas_log")
+        assert all(0 < k["registers"] <= 255 for k in res["kernels"]), res["kernels"]

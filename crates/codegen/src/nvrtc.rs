@@ -13,7 +13,9 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use cudarc::nvrtc::sys;
 use sha2::{Digest, Sha256};
@@ -346,11 +348,20 @@ pub fn compile(source: &str, arch: u32) -> Result<Arc<Vec<u8>>> {
 /// returns that report: each kernel's registers, spills, stack frame and barriers, and
 /// ptxas's warnings. Never cached (a diagnostic, as slow as a first compile); needs NVRTC, not
 /// a GPU. A compile error returns NVRTC's log.
+///
+/// NVRTC 13.0 keeps each PTX's machine code for the process: compiling the same PTX again skips
+/// ptxas, and with it the report (on the H200's image, a second report of one graph named no
+/// kernel). So the source compiled here gets a device variable of its own per call, which
+/// changes the PTX but no kernel.
 pub fn resources(source: &str, arch: u32) -> Result<PtxasReport> {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
     let info = info()?;
     let mut opts = options(arch, &info);
     opts.push("--ptxas-options=-v".into());
-    Ok(PtxasReport::parse(&compile_uncached(source, arch, &opts, true)?.1))
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let unique = format!("{source}\n__device__ unsigned mirage_report_{}_{nanos}_{n};\n", std::process::id());
+    Ok(PtxasReport::parse(&compile_uncached(&unique, arch, &opts, true)?.1))
 }
 
 /// Owns an NVRTC program handle.

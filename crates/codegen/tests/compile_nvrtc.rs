@@ -433,6 +433,11 @@ extern "C" __global__ void plain(float* a) { a[threadIdx.x] += 1.0f; }
     assert!(starved.spills() && starved.registers <= 32 && starved.stack_frame_bytes > 0, "{starved:?}");
     let plain = r.kernel("plain").unwrap();
     assert!(!plain.spills() && plain.registers > 0 && plain.registers < 32, "{plain:?}");
+    // Asked again for the same source (and after a plain compile of it), the report is whole:
+    // NVRTC 13.0 skips ptxas, and its report, for PTX it compiled before in the process.
+    nvrtc::compile(src, 90).unwrap();
+    let again = nvrtc::resources(src, 90).unwrap();
+    assert_eq!(again.kernels, r.kernels, "{}", again.log);
 }
 
 #[test]

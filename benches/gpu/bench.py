@@ -33,7 +33,9 @@ The table comes last (speedup = best contender / ours; > 1 means ours is faster)
 A full run (9 workloads x 3 batches, torch.compile with max-autotune) takes over 10 minutes on
 an H100; to stay under a per-command limit, run ``--batches 1 --json F``, then ``--batches 8
 --json F --resume`` and ``--batches 16 --json F --resume --write-md BENCHMARKS.md`` (the
-table covers every cell in F; the copy and matmul rates are re-measured in each run).
+table covers every cell in F; the copy and matmul rates are re-measured in each run). Or run
+the parts with ``benches/gpu/table.sh`` (JSON, log and the saved winners a part) and merge
+their JSON files with ``benches/gpu/merge_tables.py``, which keeps each part's rates.
 """
 
 from __future__ import annotations

@@ -1,0 +1,86 @@
+"""The GPU benchmark's table tools on saved runs (no GPU): merging the parts of section 5's
+table that the device's per-command limit splits over calls."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import pathlib
+from types import ModuleType
+
+import pytest
+
+GPU = pathlib.Path(__file__).parents[1] / "benches" / "gpu"
+RUNS = GPU / "results" / "h200-2026-11-28"
+PARTS = ["att1.json", "att816.json", "mlp.json", "mlp2.json"]
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, GPU / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def merge_tables() -> ModuleType:
+    return _script("merge_tables")  # bench.py's helpers (torch is in the test venv)
+
+
+def _runs() -> list[dict]:
+    return [json.loads((RUNS / p).read_text()) for p in PARTS]
+
+
+def test_the_h200_parts_merge_into_the_27_cells_a_later_run_replacing(merge_tables):
+    runs = _runs()
+    cells = merge_tables.merge(runs)
+    keys = [(c["workload"], c["batch"]) for c in cells]
+    assert len(keys) == 27 == len(set(keys))
+    assert [c["batch"] for c in cells] == sorted(c["batch"] for c in cells)
+    by = {(c["workload"], c["batch"]): c for c in cells}
+    # RMSNorm+Linear and gated MLP come from the last run (after the cluster-merge change),
+    # LoRA and nTrans from the one before it.
+    for b in (1, 8, 16):
+        assert by[("rmsnorm_linear", b)]["run"] == 3 and by[("gated_mlp", b)]["run"] == 3
+        assert by[("lora", b)]["run"] == 2 and by[("ntrans", b)]["run"] == 2
+    assert by[("gqa", 1)]["run"] == 0 and by[("qknorm_gqa", 8)]["run"] == 1
+
+
+def test_each_cell_keeps_its_own_runs_rates_for_its_floor(merge_tables):
+    runs = _runs()
+    bench = merge_tables.bench
+    for c in merge_tables.merge(runs):
+        cal = runs[c["run"]]["meta"]["calibration"]
+        floor = bench.floor_us(
+            c["bytes"], c["flops"], cal["copy_GBps"] * 1e9, cal["matmul_TFLOPs"] * 1e12
+        )
+        row = bench.table_rows([c], c["calibration"])[0]
+        assert row[bench.HEADER.index("floor µs")] == bench._us(floor)
+    # The same cell under another run's rates would show another floor: the rates differ.
+    assert len({r["meta"]["calibration"]["copy_GBps"] for r in runs}) == 4
+
+
+def test_the_rendered_table_and_its_mean(merge_tables, capsys):
+    assert merge_tables.main([str(RUNS / p) for p in PARTS]) == 0
+    out = capsys.readouterr().out
+    rows = [r for r in out.splitlines() if r.startswith("| ") and not r.startswith("| workload")]
+    assert len(rows) == 27
+    assert "| qknorm_gqa | 8 | 18.6 |" in out
+    sps = [merge_tables.bench.speedup(c) for c in merge_tables.merge(_runs())]
+    assert f"over 27 cells: {merge_tables.bench.geomean(sps):.2f}x." in out
+    assert out.count("cell(s) in the table") == 4
+
+
+def test_a_cell_run_again_replaces_the_first(merge_tables):
+    first = _runs()[0]
+    again = copy.deepcopy(first)
+    again["meta"]["calibration"]["copy_GBps"] *= 2
+    again["cells"] = [c for c in again["cells"] if c["workload"] == "gqa"]
+    again["cells"][0]["ours"]["us"] = 1.0
+    cells = merge_tables.merge([first, again])
+    gqa = next(c for c in cells if c["workload"] == "gqa")
+    assert gqa["ours"]["us"] == 1.0 and gqa["run"] == 1
+    assert gqa["calibration"]["copy_GBps"] == again["meta"]["calibration"]["copy_GBps"]
+    assert len(cells) == len(first["cells"])

@@ -706,22 +706,28 @@ def render_markdown_table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def summary_lines(cells: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
-    calib = meta["calibration"]
+def mean_line(cells: Sequence[dict[str, Any]]) -> str:
+    """The geometric-mean speedup over ``cells``, and how many cells it leaves out."""
     sps = [s for s in (speedup(c) for c in cells) if s is not None]
     gm = geomean(sps)
     n_fail = sum(1 for c in cells if not (c.get("ours") or {}).get("ok"))
+    if gm is None:
+        mean = "Geometric-mean speedup: no cell with a passing, timed µGraph and contender"
+    else:
+        mean = f"Geometric-mean speedup (best contender / ours) over {len(sps)} cells: {gm:.2f}x"
+    return mean + (
+        f"; {n_fail} cell(s) where ours failed or did not run are left out." if n_fail else "."
+    )
+
+
+def summary_lines(cells: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    calib = meta["calibration"]
     device = (
         f"GPU {meta['gpu']}, torch {meta['torch']}, mirage {meta['mirage']}; measured copy "
         f"{calib['copy_GBps']:.0f} GB/s, fp16 matmul {calib['matmul_TFLOPs']:.0f} TFLOP/s, "
         f"one tiny kernel in a CUDA graph {calib['tiny_kernel_us']:.2f} µs."
     )
-    if gm is None:
-        mean = "Geometric-mean speedup: no cell with a passing, timed µGraph and contender"
-    else:
-        mean = f"Geometric-mean speedup (best contender / ours) over {len(sps)} cells: {gm:.2f}x"
-    mean += f"; {n_fail} cell(s) where ours failed or did not run are left out." if n_fail else "."
-    return [device, mean]
+    return [device, mean_line(cells)]
 
 
 METHOD = (

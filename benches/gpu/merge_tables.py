@@ -51,14 +51,7 @@ def render(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> str:
             f"{cal['matmul_TFLOPs']:.0f} TFLOP/s, tiny kernel {cal['tiny_kernel_us']:.2f} µs; "
             f"{used} cell(s) in the table; `{meta['command']}`"
         )
-    sps = [s for s in (bench.speedup(c) for c in cells) if s is not None]
-    gm = bench.geomean(sps)
-    lines += [
-        "",
-        f"Geometric-mean speedup (best contender / ours) over {len(sps)} cells: {gm:.2f}x."
-        if gm is not None
-        else "Geometric-mean speedup: no cell with a passing, timed µGraph and contender.",
-    ]
+    lines += ["", bench.mean_line(cells)]
     return "\n".join(lines)
 
 

@@ -2260,10 +2260,10 @@ impl Ctx<'_> {
             }
             Step::ClusterMerge => {
                 s.push_str(&self.cluster_sum(&self.merged_by_step));
-                for op in (0..bg.ops.len()).filter(|&j| finalized(&bg.ops[j].kind)) {
-                    if self.merged_by_step.contains(&bg.ops[op].outputs[0]) {
-                        s.push_str(&self.finalize_divide(op));
-                    }
+                let divided =
+                    |j: &usize| finalized(&bg.ops[*j].kind) && self.merged_by_step.contains(&bg.ops[*j].outputs[0]);
+                for op in (0..bg.ops.len()).filter(divided) {
+                    s.push_str(&self.finalize_divide(op));
                 }
             }
             Step::MatAccEnd { acc } => {

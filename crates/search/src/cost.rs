@@ -9,7 +9,9 @@
 //! barrier in its loop steps and all its loads in flight at once.
 //! A customized kernel reads each device input once from DRAM (replicated tiles are served by
 //! L2) and writes its outputs once; every tile load of every block and iteration is L2 traffic.
-//! Wave utilisation is `blocks / (waves * SMs)`: a grid smaller than the GPU leaves SMs idle.
+//! Wave utilisation is `blocks / (waves * SMs)`: a grid smaller than the GPU leaves SMs idle,
+//! which slows its L2 traffic and arithmetic; its DRAM traffic only where a wave has fewer
+//! blocks than it takes to saturate DRAM (`CostModel::dram_saturating_blocks`).
 //! Predefined ops are library kernels: they move their operands and result once, at full
 //! utilisation. A kernel whose loop the code generator splits across thread-block clusters
 //! (`BlockGraph::cluster_split`) is priced in that form, plus the merge.
@@ -49,6 +51,11 @@ pub struct CostModel {
     /// Merging the partial results of a thread-block cluster that split a block's loop
     /// ([`BlockGraph::cluster_split`]) through distributed shared memory, microseconds.
     pub cluster_merge_us: f64,
+    /// Blocks of one wave (one an SM) whose streaming loops saturate DRAM: a smaller wave
+    /// reads at the fraction `blocks / this` of the bandwidth. On the H200, RMSNorm+Linear
+    /// 4096x6144 in 96 blocks of 64 columns took 15.6-15.9 µs (b=1, b=8) against 17.1-17.5
+    /// for the best 128-block forms (bench timing, BENCHMARKS.md, fortieth session).
+    pub dram_saturating_blocks: usize,
 }
 
 impl Default for CostModel {
@@ -64,6 +71,7 @@ impl Default for CostModel {
             num_sms: 132,
             streamed_operand_flops_per_us: 5.0e6,
             cluster_merge_us: 0.5,
+            dram_saturating_blocks: 96,
         }
     }
 }
@@ -169,16 +177,17 @@ fn launch_cost(bg: &BlockGraph, m: &CostModel, cs: u64) -> Cost {
     let sms = m.num_sms.max(1) as u64;
     let waves = blocks.div_ceil(sms).max(1);
     let util = blocks as f64 / (waves * sms) as f64;
-    let busy = (c.dram_bytes as f64 / m.dram_bytes_per_us)
-        .max(c.l2_bytes as f64 / m.l2_bytes_per_us)
-        .max(c.flops as f64 / m.flops_per_us + streamed_us);
+    let dram_util = (blocks as f64 / (waves * m.dram_saturating_blocks.clamp(1, sms as usize) as u64) as f64).min(1.0);
+    let busy = (c.dram_bytes as f64 / m.dram_bytes_per_us / dram_util)
+        .max(c.l2_bytes as f64 / m.l2_bytes_per_us / util)
+        .max((c.flops as f64 / m.flops_per_us + streamed_us) / util);
     let registers = bg.is_elementwise();
     let exposed = if stages > 1 || f == 1 || registers { 1.0 } else { f as f64 };
     // Each block runs its loop steps one after another: that chain overlaps the traffic, so
     // it only counts where it is longer.
     let step_us = if registers { m.register_loop_step_us } else { m.loop_step_us };
     let serial = (waves * f) as f64 * step_us;
-    c.est_us = (busy / util).max(serial) + m.launch_us + exposed * m.dram_latency_us;
+    c.est_us = busy.max(serial) + m.launch_us + exposed * m.dram_latency_us;
     c
 }
 
@@ -271,6 +280,31 @@ mod tests {
         let slow = CostModel { streamed_operand_flops_per_us: 1.0, ..CostModel::default() };
         let extra = block_graph_cost(&pv(true), &slow).est_us - block_graph_cost(&pv(false), &slow).est_us;
         assert!(extra >= (3 * 64 * 64 * 4) as f64 * 0.99, "extra {extra} us");
+    }
+
+    /// RMSNorm+Linear 4096x6144 at b=1 without the norm: `x W` streamed in `blocks` blocks
+    /// of 6144 / `blocks` columns, 16 loop steps.
+    fn gemv(blocks: usize) -> BlockGraph {
+        let mut bg = BlockGraph::new([blocks, 1, 1], [256, 1, 1], 16, 64).expect("grid");
+        let x = bg.new_input(&[2, 4096], DType::Float16, [-1, -1, -1], 1).expect("x");
+        let w = bg.new_input(&[4096, 6144], DType::Float16, [1, -1, -1], 0).expect("w");
+        let o = bg.matmul(x, w).expect("matmul");
+        let acc = bg.forloop_accum(o, Accum::None).expect("accum");
+        bg.new_output(acc, [1, -1, -1], -1).expect("output");
+        bg
+    }
+
+    #[test]
+    fn a_wave_of_fewer_blocks_than_sms_still_saturates_dram() {
+        let m = CostModel::default();
+        let (g96, g128) = (gemv(96), gemv(128));
+        assert!(g96.cluster_split().is_none() && g128.cluster_split().is_none());
+        // DRAM-bound either way: 96 blocks of 64 columns are not priced above 128 of 48.
+        let (e96, e128) = (block_graph_cost(&g96, &m).est_us, block_graph_cost(&g128, &m).est_us);
+        assert!(e96 <= e128 + 1e-9, "96 blocks {e96} us, 128 blocks {e128} us");
+        // Counting every SM as needed for DRAM's bandwidth prices the 96 a quarter higher.
+        let all = CostModel { dram_saturating_blocks: m.num_sms, ..m.clone() };
+        assert!(block_graph_cost(&g96, &all).est_us > 1.2 * e128, "the idle SMs' share");
     }
 
     /// Split-KV attention's combine step over `splits` slices (4 rows of 64 per block), or

@@ -338,25 +338,33 @@ def test_save_codes_writes_cuda_source(tmp_path, cache):
     assert "__global__" in files[0].read_text()
 
 
-def test_gpu_profiling_reaches_long_streaming_loops():
-    # RMSNorm+Linear 2x4096 @ 4096x6144 (the paper's b=1): on the H100 its fastest form runs
-    # 128 blocks over 32 loop steps of 128-wide K tiles, which the cost model ranks behind the
-    # 16-step forms (it charges each step as a chain). The candidates a GPU would time (the
-    # settings superoptimize uses with an H100: 3/4 of its 227 KiB, spread order) include it.
-    g = rmsnorm_linear(2, 4096, 6144)
+def _gpu_candidate_forms(m: int, k: int, n: int) -> list[list[tuple[tuple[int, ...], int]]]:
+    """The (grid, loop range) of each customized kernel of the candidates, in order, that a GPU
+    would time for RMSNorm+Linear m x k @ k x n (the settings superoptimize uses with an H100
+    or H200: 3/4 of their 227 KiB, spread order)."""
     settings = {
         **search._resolve_config("mlp"),
         "verify_top_n": search._GPU_TOP_N,
         "verify_spread": True,
         "shared_memory_limit": 232448 * 3 // 4,
     }
-    found = search.search_candidates(g, settings, num_threads=2)
-    forms = set()
-    for c in found["candidates"]:
-        for op in json.loads(c["graph"])["graph"]["ops"]:
-            if op["kind"]["kind"] == "customized":
-                bg = op["kind"]["graph"]
-                forms.add((tuple(bg["grid_dim"]), bg["forloop_range"]))
+    found = search.search_candidates(rmsnorm_linear(m, k, n), settings, num_threads=2)
+    return [
+        [
+            (tuple(op["kind"]["graph"]["grid_dim"]), op["kind"]["graph"]["forloop_range"])
+            for op in json.loads(c["graph"])["graph"]["ops"]
+            if op["kind"]["kind"] == "customized"
+        ]
+        for c in found["candidates"]
+    ]
+
+
+def test_gpu_profiling_reaches_long_streaming_loops():
+    # RMSNorm+Linear 2x4096 @ 4096x6144 (the paper's b=1): on the H100 its fastest form runs
+    # 128 blocks over 32 loop steps of 128-wide K tiles, which the cost model ranks behind the
+    # 16-step forms (it charges each step as a chain). The candidates a GPU would time
+    # include it.
+    forms = {f for c in _gpu_candidate_forms(2, 4096, 6144) for f in c}
     assert ((128, 1, 1), 32) in forms, sorted(forms)
 
 
@@ -373,17 +381,5 @@ def test_a_wave_of_96_streaming_blocks_is_among_the_first_candidates():
     # RMSNorm+Linear 2x4096 @ 4096x6144: on the H200 96 blocks of 64 columns (no cluster)
     # ran 15.6-15.9 us against 17.1-17.5 for the best 128-block forms. The cost model no
     # longer charges its wave's 36 idle SMs to DRAM, so it is among the first candidates.
-    g = rmsnorm_linear(2, 4096, 6144)
-    settings = {
-        **search._resolve_config("mlp"),
-        "verify_top_n": search._GPU_TOP_N,
-        "verify_spread": True,
-        "shared_memory_limit": 232448 * 3 // 4,
-    }
-    found = search.search_candidates(g, settings, num_threads=2)
-    grids = []
-    for c in found["candidates"][:8]:
-        for op in json.loads(c["graph"])["graph"]["ops"]:
-            if op["kind"]["kind"] == "customized" and op["kind"]["graph"]["forloop_range"] > 1:
-                grids.append(tuple(op["kind"]["graph"]["grid_dim"]))
-    assert (96, 1, 1) in grids, grids
+    first = [grid for c in _gpu_candidate_forms(2, 4096, 6144)[:8] for grid, f in c if f > 1]
+    assert (96, 1, 1) in first, first

@@ -177,7 +177,8 @@ fn launch_cost(bg: &BlockGraph, m: &CostModel, cs: u64) -> Cost {
     let sms = m.num_sms.max(1) as u64;
     let waves = blocks.div_ceil(sms).max(1);
     let util = blocks as f64 / (waves * sms) as f64;
-    let dram_util = (blocks as f64 / (waves * m.dram_saturating_blocks.clamp(1, sms as usize) as u64) as f64).min(1.0);
+    let saturating = m.dram_saturating_blocks.clamp(1, sms as usize) as u64;
+    let dram_util = (blocks as f64 / (waves * saturating) as f64).min(1.0);
     let busy = (c.dram_bytes as f64 / m.dram_bytes_per_us / dram_util)
         .max(c.l2_bytes as f64 / m.l2_bytes_per_us / util)
         .max((c.flops as f64 / m.flops_per_us + streamed_us) / util);
@@ -302,7 +303,7 @@ mod tests {
         // DRAM-bound either way: 96 blocks of 64 columns are not priced above 128 of 48.
         let (e96, e128) = (block_graph_cost(&g96, &m).est_us, block_graph_cost(&g128, &m).est_us);
         assert!(e96 <= e128 + 1e-9, "96 blocks {e96} us, 128 blocks {e128} us");
-        // Counting every SM as needed for DRAM's bandwidth prices the 96 a quarter higher.
+        // Counting every SM as needed for DRAM's bandwidth prices the 96 over a fifth higher.
         let all = CostModel { dram_saturating_blocks: m.num_sms, ..m.clone() };
         assert!(block_graph_cost(&g96, &all).est_us > 1.2 * e128, "the idle SMs' share");
     }

@@ -87,7 +87,7 @@ _BACKENDS = ("cuda", "cpu")
 #: a chain (its fastest now, 96 blocks of 64 columns, ranks in the first few).
 _GPU_TOP_N = 64
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 41
+_CACHE_VERSION = 42
 #: Candidates compiled and timed on a GPU: every one verified there. The cost model ranks
 #: attention forms roughly (the twelfth session's winners sat up to 26th of 28-38), so the
 #: timings decide among all of them.

@@ -17,7 +17,7 @@ use mirage_ugraph::{
 };
 
 use crate::emit::{
-    bcast, binary_expr, coord, dev_offset, flit, kernel_open, kernel_params, numel, row_major, unary_expr, wl,
+    bcast, binary_expr, coord, dev_offset, flit, kernel_open_with, kernel_params, numel, row_major, unary_expr, wl,
 };
 use crate::error::{unsupported, Result};
 use crate::flash::{self, FlashRegion};
@@ -124,6 +124,8 @@ struct Ctx<'a> {
     cluster: usize,
     /// The accumulator tiles `Step::ClusterMerge` adds across the cluster.
     merged_by_step: Vec<STensorId>,
+    /// The byte offset of the first block's receive area of that merge (`mi::cluster_push`).
+    recv: Option<usize>,
     /// Per op: the shared scratch (byte offset, bytes) of the `finish` of its register
     /// accumulator (`mi::MmaAcc` of a loop matmul's accumulator, `mi::RowSumAcc`).
     acc_scratch: Vec<Option<(usize, usize)>>,
@@ -1023,6 +1025,8 @@ fn emit_with(
     // The interleaved warp-specialised form on three consumer warpgroups merges three slices.
     let ws3 = fr.as_ref().is_some_and(|f| ws_three(f, wgs) && ws_form(bg, nt, f, &layout, &steps, true));
     let combine = |f: &FlashRegion| combine_bytes(f, nt, cluster, ws3);
+    // Floats of one block's slot in a summing cluster's receive area (`Step::ClusterMerge`).
+    let recv_slot: usize = merged_by_step.iter().map(|&t| numel(&bg.tensors[t].dims).next_multiple_of(4)).sum();
     let plan = |stages: usize| -> (Vec<Buffer>, Vec<Option<usize>>, usize, usize) {
         let mut buffers: Vec<Buffer> = Vec::new();
         let mut buf_of: Vec<Option<usize>> = vec![None; n_t];
@@ -1085,6 +1089,12 @@ fn emit_with(
                 buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0, align: SMEM_ALIGN });
             }
         }
+        // A summing cluster's receive area lives through the whole kernel: the other blocks
+        // push their sums into it whenever they finish, while this one may still be looping.
+        if recv_slot > 0 {
+            let size = (cluster - 1) * recv_slot * 4;
+            buffers.push(Buffer { size, start: 0, end: steps.len(), offset: 0, align: SMEM_ALIGN });
+        }
         let total = place(&mut buffers);
         (buffers, buf_of, total, first_scratch)
     };
@@ -1131,6 +1141,8 @@ fn emit_with(
         let off = (combine(&f) > 0).then(|| buffers.last().map_or(0, |b| b.offset));
         (f, off)
     });
+    // The receive area is the last buffer `plan` pushed (a summing split has no combine).
+    let recv = (recv_slot > 0).then(|| buffers.last().map_or(0, |b| b.offset));
     let mut acc_scratch_at: Vec<Option<(usize, usize)>> = vec![None; n_ops];
     for (j, &(_, op, bytes)) in acc_scratch.iter().enumerate() {
         acc_scratch_at[op] = Some((buffers[first_scratch + j].offset, bytes));
@@ -1156,6 +1168,7 @@ fn emit_with(
         flash,
         cluster,
         merged_by_step,
+        recv,
         acc_scratch: acc_scratch_at,
         ws: None,
         ws3,
@@ -1773,46 +1786,87 @@ impl Ctx<'_> {
         Ok(s)
     }
 
-    /// L2 prefetches of the tiles a loop-free block reads from graph inputs, issued before the
-    /// dependent-launch wait: they bring no data into the block, so the previous kernel may
-    /// still be writing (the L2 is coherent). Their DRAM latency then overlaps that kernel's
-    /// drain. Measured per call, saved winners, one run: LoRA b=8 5.05 -> 4.4 us, b=16 5.7 ->
-    /// 4.9. Loops are left out: their blocks often become resident long before the wait ends
-    /// (early trigger, spare SM slots), so the lines would wait in L2 for a whole kernel and
-    /// the streaming kernels measured slower (RMSNorm+Linear b=1 15.6 -> 16.1-16.6 us with
-    /// one to three stages; triggering the next launch after the loop instead, so that its
-    /// prefetches fall in this kernel's tail, did not pay either: b=8 16.9 -> 18.4 us).
-    /// Inputs an earlier kernel of the program computes are left out too.
+    /// The loop's staged input tiles: (block input position, input op, tile).
+    fn staged(&self, steps: &[(Section, Step)]) -> Vec<(usize, usize, STensorId)> {
+        let bg = self.bg;
+        steps
+            .iter()
+            .filter_map(|&(_, st)| match st {
+                Step::Load { k, op } if self.layout[bg.ops[op].outputs[0]].is_some_and(|l| l.staged) => {
+                    Some((k, op, bg.ops[op].outputs[0]))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A kernel streaming its inputs through a pipelined loop (cp.async stages, no attention
+    /// region) lets the next kernel go only once its last copies are issued: the iteration
+    /// after whose copies it calls `mi::dep_launch` (negative: after the prologue's). The next
+    /// call's blocks then arrive while this one drains and prefetch their first stages into L2
+    /// (`prefetches`) before their wait, while the memory would otherwise idle. None: the
+    /// kernel waits and lets the next go at once (`mi::dep_enter`).
+    fn late_launch(&self, steps: &[(Section, Step)]) -> Option<i64> {
+        let late = self.ws.is_none()
+            && self.flash.is_none()
+            && self.bg.forloop_range > 1
+            && self.stages >= 2
+            && !self.staged(steps).is_empty();
+        late.then(|| self.bg.forloop_range as i64 - self.stages as i64)
+    }
+
+    /// L2 prefetches of the graph-input tiles the kernel reads first, issued before the
+    /// dependent-launch wait: a loop-free kernel's input tiles, or the first stages of a loop's
+    /// staged tiles where the kernel lets the next one go late ([`Ctx::late_launch`]). They
+    /// bring no data into the block, so the previous kernel may still be writing (the L2 is
+    /// coherent); their DRAM latency overlaps that kernel's drain. Measured per call, saved
+    /// winners: LoRA b=8 5.05 -> 4.4 us, b=16 5.7 -> 4.9 (H100). A loop whose blocks arrive at
+    /// the previous call's start (early trigger) prefetches nothing: the lines would wait in
+    /// L2 for a whole kernel, and on the H200 RMSNorm+Linear b=8 took 11.2 -> 12.2 us with
+    /// three stages prefetched so. Inputs an earlier kernel of the program computes are left
+    /// out too.
     fn prefetches(&self, steps: &[(Section, Step)]) -> String {
         let mut s = String::new();
+        if self.late_launch(steps).is_some() {
+            let first = (self.stages - 1).min(self.bg.forloop_range);
+            for it in 0..first {
+                for (k, op, _) in self.staged(steps) {
+                    s.push_str(&self.prefetch_tile(k, op, Some(&it.to_string())));
+                }
+            }
+            return s;
+        }
         if self.bg.forloop_range != 1 {
             return s;
         }
         for &(_, st) in steps {
             let Step::Load { k, op } = st else { continue };
-            let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[op].kind else { continue };
-            let (t, dev) = (self.bg.ops[op].outputs[0], &self.ins[k]);
-            if !matches!(dev.location, BufferRef::Input(_)) {
-                continue;
-            }
-            let tile = self.dims(t);
-            // One prefetch per 128-byte line where the tile's rows are whole lines, else one
-            // per 16 bytes (the copies' granularity).
-            let es = dev.storage.size_bytes();
-            let row_bytes = tile.last().map_or(0, |&n| n * es);
-            let step = if row_bytes > 0 && row_bytes.is_multiple_of(128) { 128 / es } else { 16 / es };
-            wl!(s, "    {{ // input {k}");
-            wl!(
-                s,
-                "      const long long base = {};",
-                self.tile_base(imap, forloop_dim, tile, &dev.strides, Some("0"))
-            );
-            wl!(s, "      for (int c = tid; c < {}; c += NT) {{", numel(tile).div_ceil(step));
-            wl!(s, "        const unsigned i = (unsigned)c * {step}u;");
-            wl!(s, "        mi::prefetch_l2(in{k} + base + {});", Self::tile_elem_offset(tile, &dev.strides, "i"));
-            wl!(s, "      }}");
-            wl!(s, "    }}");
+            s.push_str(&self.prefetch_tile(k, op, Some("0")));
         }
+        s
+    }
+
+    /// L2 prefetches of input `k`'s tile (op `op`) at loop iteration `iter`, if it is a graph
+    /// input: one per 128-byte line where the tile's rows are whole lines, else one per 16
+    /// bytes (the copies' granularity).
+    fn prefetch_tile(&self, k: usize, op: usize, iter: Option<&str>) -> String {
+        let mut s = String::new();
+        let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[op].kind else { return s };
+        let (t, dev) = (self.bg.ops[op].outputs[0], &self.ins[k]);
+        if !matches!(dev.location, BufferRef::Input(_)) {
+            return s;
+        }
+        let tile = self.dims(t);
+        let es = dev.storage.size_bytes();
+        let row_bytes = tile.last().map_or(0, |&n| n * es);
+        let step = if row_bytes > 0 && row_bytes.is_multiple_of(128) { 128 / es } else { 16 / es };
+        wl!(s, "    {{ // input {k}");
+        wl!(s, "      const long long base = {};", self.tile_base(imap, forloop_dim, tile, &dev.strides, iter));
+        wl!(s, "      for (int c = tid; c < {}; c += NT) {{", numel(tile).div_ceil(step));
+        wl!(s, "        const unsigned i = (unsigned)c * {step}u;");
+        wl!(s, "        mi::prefetch_l2(in{k} + base + {});", Self::tile_elem_offset(tile, &dev.strides, "i"));
+        wl!(s, "      }}");
+        wl!(s, "    }}");
         s
     }
 
@@ -1830,15 +1884,8 @@ impl Ctx<'_> {
         let bg = self.bg;
         let mut s = String::new();
         let params = kernel_params(self.ins, self.outs);
-        let staged: Vec<(usize, usize, STensorId)> = steps
-            .iter()
-            .filter_map(|&(_, st)| match st {
-                Step::Load { k, op } if self.layout[bg.ops[op].outputs[0]].is_some_and(|l| l.staged) => {
-                    Some((k, op, bg.ops[op].outputs[0]))
-                }
-                _ => None,
-            })
-            .collect();
+        let staged = self.staged(steps);
+        let late = self.late_launch(steps);
         let n_stages = self.stages;
         wl!(
             s,
@@ -1863,7 +1910,12 @@ impl Ctx<'_> {
         } else {
             self.nt.to_string()
         };
-        s.push_str(&kernel_open(&bounds, name, &params, self.nt, &self.prefetches(steps)));
+        let wait = if late.is_some() {
+            "mi::dep_wait(); // the next kernel goes after this loop's last copies"
+        } else {
+            "mi::dep_enter();"
+        };
+        s.push_str(&kernel_open_with(&bounds, name, &params, self.nt, &self.prefetches(steps), wait));
         wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wg.is_some() { WG_ALIGN } else { 16 });
         wl!(s, "  constexpr int NT = {};", self.nt);
         if self.ws3 {
@@ -1871,6 +1923,9 @@ impl Ctx<'_> {
         }
         wl!(s, "  const int tid = mi::lin_tid();");
         wl!(s, "  (void)tid;");
+        if self.recv.is_some() {
+            wl!(s, "  mi::cluster_arrive_relaxed(); // its merge waits for every block of the cluster to start");
+        }
         if let Some(off) = scratch {
             wl!(s, "  float* const mi_scratch = reinterpret_cast<float*>(mi_smem + {off}); // matmul split-K");
         }
@@ -1933,6 +1988,9 @@ impl Ctx<'_> {
                 }
             }
             wl!(prologue, "  mi::cp_async_commit();");
+        }
+        if late.is_some_and(|at| at < 0) {
+            wl!(prologue, "  mi::dep_launch(); // every copy is issued");
         }
         // Issued before the pre-loop computation (QK-norm's Q, normalised from device memory)
         // where none of its tiles shares bytes with the stages, so that the first stage's
@@ -2066,6 +2124,9 @@ impl Ctx<'_> {
                         }
                         wl!(s, "    }}");
                         wl!(s, "    mi::cp_async_commit();");
+                        if let Some(at) = late.filter(|&at| at >= 0) {
+                            wl!(s, "    if (it == {at}) mi::dep_launch(); // the last copies are issued");
+                        }
                     } else {
                         wl!(s, "    __syncthreads();");
                         for &(k, op, t) in &staged {
@@ -2193,6 +2254,32 @@ impl Ctx<'_> {
         format!("for (int i = tid; i < {}; i += NT) t{o}[i] = {e};\n", numel(self.dims(o)))
     }
 
+    /// A summing cluster's merge of its fp32 tiles `ts` (`mi::cluster_push`): every block but
+    /// the first stores its tiles into the first block's receive area and leaves; the first
+    /// block waits for them on the cluster barrier and adds them to its own.
+    fn cluster_push(&self, ts: &[STensorId]) -> Result<String> {
+        let Some(off) = self.recv else {
+            return unsupported("internal error: a cluster merge without its receive area");
+        };
+        let slot: usize = ts.iter().map(|&t| numel(self.dims(t)).next_multiple_of(4)).sum();
+        let mut s = format!("{{ // the cluster's sums into its first block\nfloat* const mi_recv = reinterpret_cast<float*>(mi_smem + {off});\n");
+        s.push_str("mi::cluster_wait(); // every block of the cluster has started\nif (mi::cluster_rank() != 0) {\n");
+        let mut at = 0;
+        let mut gather = String::new();
+        for &t in ts {
+            let n = numel(self.dims(t));
+            wl!(s, "  mi::cluster_push<NT>(t{t}, mi_recv + {at}, {slot}, {n});");
+            wl!(gather, "mi::cluster_gather<NT, {}>(t{t}, mi_recv + {at}, {slot}, {n});", self.cluster);
+            at += n.next_multiple_of(4);
+        }
+        s.push_str(
+            "  mi::cluster_arrive_release();\n  return;\n}\nmi::cluster_arrive_relaxed();\nmi::cluster_wait();\n",
+        );
+        s.push_str(&gather);
+        s.push_str("__syncthreads();\n}\n");
+        Ok(s)
+    }
+
     /// Adds fp32 tiles `ts` of every block of the cluster into the first block's, between two
     /// cluster barriers (the first makes every block's tiles visible, the second keeps them
     /// alive until read).
@@ -2259,7 +2346,7 @@ impl Ctx<'_> {
                 wl!(s, "mm{acc}.step({}, {});", self.tile(a), self.tile(b));
             }
             Step::ClusterMerge => {
-                s.push_str(&self.cluster_sum(&self.merged_by_step));
+                s.push_str(&self.cluster_push(&self.merged_by_step)?);
                 let divided =
                     |j: &usize| finalized(&bg.ops[*j].kind) && self.merged_by_step.contains(&bg.ops[*j].outputs[0]);
                 for op in (0..bg.ops.len()).filter(divided) {

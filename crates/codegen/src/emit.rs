@@ -101,8 +101,22 @@ pub(crate) fn dev_offset(out_dims: &[usize], var: &str, in_dims: &[usize], in_st
 /// The opening of a kernel: its signature (`bounds` as `__launch_bounds__`' arguments, `params`
 /// from [`kernel_params`]), then `prefetches` (L2 prefetch statements over `NT` = `nt` threads
 /// and `tid`, which touch no memory), then the dependent-launch wait every generated kernel
-/// starts with (`mi::dep_enter`; see [`crate::program::KernelSpec::dep_wait`]).
+/// starts with (`mi::dep_enter`, which also lets the next kernel go; see
+/// [`crate::program::KernelSpec::dep_wait`]).
 pub(crate) fn kernel_open(bounds: &str, name: &str, params: &str, nt: usize, prefetches: &str) -> String {
+    kernel_open_with(bounds, name, params, nt, prefetches, "mi::dep_enter();")
+}
+
+/// [`kernel_open`] with its own wait statement (`mi::dep_wait();` where the kernel lets the
+/// next one go later, `mi::dep_launch`).
+pub(crate) fn kernel_open_with(
+    bounds: &str,
+    name: &str,
+    params: &str,
+    nt: usize,
+    prefetches: &str,
+    wait: &str,
+) -> String {
     let mut s = format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({params}) {{\n");
     if !prefetches.is_empty() {
         wl!(s, "  {{ // L2 prefetch before the wait");
@@ -111,7 +125,7 @@ pub(crate) fn kernel_open(bounds: &str, name: &str, params: &str, nt: usize, pre
         s.push_str(prefetches);
         wl!(s, "  }}");
     }
-    wl!(s, "  mi::dep_enter();");
+    wl!(s, "  {wait}");
     s
 }
 

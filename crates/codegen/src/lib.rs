@@ -19,8 +19,9 @@
 //! * [`Executable`] loads a program on a device and launches it on raw device pointers on a
 //!   caller's stream (PyTorch tensors and streams from the Python package). On sm_90 every
 //!   kernel goes out as a programmatic dependent of the previous kernel in the stream: it
-//!   waits for it (`mi::dep_enter`) before touching memory, so only its launch (and L2
-//!   prefetches of a loop-free kernel's inputs) overlap that kernel's drain.
+//!   waits for it (`mi::dep_enter`, `mi::dep_wait`) before touching memory, so only its
+//!   launch and L2 prefetches of its first input tiles overlap that kernel's drain (a kernel
+//!   streaming a pipelined loop lets the next one go once its last copies are issued).
 //!
 //! ```
 //! use mirage_codegen::{generate, Options};

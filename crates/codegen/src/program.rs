@@ -98,7 +98,8 @@ pub struct KernelSpec {
     /// The kernel's pointer arguments, in order.
     pub args: Vec<BufferRef>,
     /// Whether the kernel waits for the previous grid of its stream before any global access
-    /// (`mi::dep_enter`), so that it may be launched as a programmatic dependent of it on sm_90.
+    /// (`mi::dep_enter` or `mi::dep_wait`), so that it may be launched as a programmatic
+    /// dependent of it on sm_90.
     pub dep_wait: bool,
 }
 

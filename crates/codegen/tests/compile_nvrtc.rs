@@ -42,7 +42,8 @@ fn compile_all(name: &str, g: &KernelGraph) {
 
 /// Every kernel starts with the dependent-launch wait (it is launched as a programmatic
 /// dependent of the previous kernel on sm_90, so it must not touch memory before it): only
-/// L2 prefetches and their index arithmetic may come first.
+/// L2 prefetches and their index arithmetic may come first. A kernel that waits without
+/// letting the next one go (`mi::dep_wait`) lets it go later, exactly once (`mi::dep_launch`).
 fn assert_waits_first(name: &str, p: &mirage_codegen::Program) {
     const BEFORE_WAIT: [&str; 9] = [
         "{",
@@ -63,6 +64,16 @@ fn assert_waits_first(name: &str, p: &mirage_codegen::Program) {
             loop {
                 let next = lines.next().map(str::trim).unwrap_or_else(|| panic!("{name}: {l}: no wait"));
                 if next == "mi::dep_enter();" {
+                    break;
+                }
+                if next.starts_with("mi::dep_wait();") {
+                    let body: String =
+                        lines.clone().take_while(|b| !b.contains("__global__")).collect::<Vec<_>>().join("\n");
+                    assert_eq!(
+                        body.matches("mi::dep_launch();").count(),
+                        1,
+                        "{name}: {l}: the next kernel let go once"
+                    );
                     break;
                 }
                 assert!(BEFORE_WAIT.iter().any(|w| next.starts_with(w)), "{name}: {l}: `{next}` before the wait");

@@ -357,7 +357,8 @@ fn a_row_kernel_feeding_a_later_kernel_keeps_its_output_in_l2() {
 #[test]
 fn loop_free_kernels_prefetch_their_inputs_before_the_wait() {
     // Every kernel waits for the previous grid first (dependent launch); a loop-free one first
-    // asks L2 for its input tiles, so that their latency overlaps that grid's drain.
+    // asks L2 for its input tiles, so that their latency overlaps that grid's drain, and lets
+    // the next kernel go at once.
     let before_wait = |src: &str| {
         let head = &src[..src.find("mi::dep_enter();").expect("the wait")];
         head.matches("mi::prefetch_l2(").count()
@@ -369,9 +370,30 @@ fn loop_free_kernels_prefetch_their_inputs_before_the_wait() {
     let ntrans = zoo::ntrans(8, 4096, DType::Float16).expect("zoo");
     let src = kernel_source(&ntrans.ugraph);
     assert_eq!(before_wait(&src), 3, "{src}");
-    // A loop's blocks may be resident long before the wait ends: no prefetch.
+}
+
+#[test]
+fn a_streaming_loop_prefetches_its_first_stages_and_lets_the_next_kernel_go_after_its_last_copies() {
+    // RMSNorm + Linear, 16 iterations in 4 stages: before its wait the kernel asks L2 for the
+    // three stages its prologue copies (X's and W's tiles of iterations 0, 1, 2), and it lets
+    // the next kernel be scheduled in iteration 12, right after the copies of iteration 15.
     let rl = zoo::rmsnorm_linear(2, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
-    assert_eq!(before_wait(&kernel_source(&rl.ugraph)), 0);
+    let src = kernel_source(&rl.ugraph);
+    let wait = src.find("mi::dep_wait();").unwrap_or_else(|| panic!("the wait: {src}"));
+    assert!(!src.contains("mi::dep_enter();"), "{src}");
+    let stages = src.matches("pipeline stage(s)").count();
+    assert_eq!(stages, 1, "{src}");
+    assert!(src.contains("4 pipeline stage(s)"), "{src}");
+    let head = &src[..wait];
+    assert_eq!(head.matches("mi::prefetch_l2(").count(), 6, "two tiles, three stages: {src}");
+    for it in 0..3 {
+        assert!(head.contains(&format!("(long long)({it}) * 1048576LL;")), "W's tile of iteration {it}: {head}");
+    }
+    let body = loop_body(&src);
+    let copies = body.rfind("mi::cp_async_commit();").expect("the loop's copies");
+    let launch = body.find("if (it == 12) mi::dep_launch();").unwrap_or_else(|| panic!("{body}"));
+    assert!(copies < launch, "{body}");
+    assert_eq!(src.matches("mi::dep_launch();").count(), 1, "{src}");
 }
 
 #[test]
@@ -471,25 +493,54 @@ fn the_epilogue_runs_in_registers_and_its_finishes_need_no_barrier_between() {
 }
 
 #[test]
-fn a_cluster_split_merges_the_matmul_and_the_rms_sums_in_one_barrier_pair() {
+fn a_cluster_split_pushes_the_sums_into_its_first_block_which_alone_waits() {
     // RMSNorm + Linear on 8 blocks of 16 iterations: on sm_90 each loop is split across a
-    // cluster, and the matmul's tile and the sums of squares are added into the first block
-    // between one pair of cluster barriers; the rms (a square root of the whole sum) is taken
-    // after the merge, not of each block's partial sum.
+    // cluster. After the loop every block but the first stores its matmul tile and its sums of
+    // squares into the first block's receive area and leaves; the first block waits for them
+    // on the cluster barrier (whose first phase, arrived at the start, orders the pushes after
+    // every block has started), adds them, and only then takes the rms (a square root of the
+    // whole sum, not of each block's part). The receive area overlaps none of the stages: a
+    // block may push while the first one still loops.
     let pair = zoo::rmsnorm_linear(4, 1024, 512, 8, 16, DType::Float16).expect("zoo");
     let p = generate(&pair.ugraph, &Options::for_arch(90)).expect("generates");
-    assert!(p.kernels.iter().any(|k| k.cluster != [1; 3]), "{}", p.launch_summary());
+    let k = p.kernels.iter().find(|k| k.cluster != [1; 3]).unwrap_or_else(|| panic!("{}", p.launch_summary()));
     let src = kernel_source(&pair.ugraph);
-    let after = &src[src.find("mi::cp_async_wait<0>();").expect("the final wait")..];
-    assert_eq!(after.matches("mi::cluster_sync();").count(), 2, "{after}");
-    assert_eq!(after.matches("mi::cluster_sum<").count(), 2, "{after}");
-    let first = after.find("mi::cluster_sync();").expect("a merge");
-    let second = first + 1 + after[first + 1..].find("mi::cluster_sync();").expect("its end");
-    let finishes = after.matches(".finish(").count();
-    assert_eq!(after[..first].matches(".finish(").count(), finishes, "{after}");
-    assert!(after[first..second].matches("mi::cluster_sum<").count() == 2, "{after}");
-    let root = after.find("sqrtf(").expect("the rms");
-    assert!(root > second, "{after}");
+    let loop_at = src.find("for (int it = 0;").expect("a loop");
+    assert!(src[..loop_at].contains("mi::cluster_arrive_relaxed();"), "{src}");
+    let after = &src[src.rfind("mi::cp_async_wait<0>();").expect("the final wait")..];
+    assert!(!after.contains("mi::cluster_sync();") && !after.contains("mi::cluster_sum<"), "{after}");
+    let pos = |pat: &str| after.find(pat).unwrap_or_else(|| panic!("{pat} in {after}"));
+    let (started, others, pushes) = (
+        pos("mi::cluster_wait(); // every block"),
+        pos("if (mi::cluster_rank() != 0) {"),
+        pos("mi::cluster_push<NT>("),
+    );
+    let (left, gathers, root) =
+        (pos("mi::cluster_arrive_release();\n    return;"), pos("mi::cluster_gather<NT, "), pos("sqrtf("));
+    assert!(started < others && others < pushes && pushes < left && left < gathers && gathers < root, "{after}");
+    assert_eq!(after.matches("mi::cluster_push<NT>(").count(), 2, "{after}");
+    assert_eq!(after.matches("mi::cluster_gather<NT, ").count(), 2, "{after}");
+    assert_eq!(after[..pushes].matches(".finish(").count(), after.matches(".finish(").count(), "{after}");
+    // Every stage's bytes, against the receive area's (its slots: the [4, 64] tile, the 4 sums).
+    let cs = k.cluster.iter().product::<u32>() as usize;
+    let num = |t: &str| t.trim().parse::<usize>().unwrap_or_else(|_| panic!("`{t}` in {src}"));
+    let at = pos("mi_recv = reinterpret_cast<float*>(mi_smem + ") + 45;
+    let recv = num(after[at..].split(')').next().unwrap_or(""));
+    let recv_end = recv + (cs - 1) * (4 * 64 + 4) * 4;
+    assert!(recv_end <= k.smem_bytes, "{recv_end} > {}: {src}", k.smem_bytes);
+    let body = loop_body(&src);
+    let stages = num(src.split(" pipeline stage").next().and_then(|h| h.rsplit(", ").next()).unwrap_or(""));
+    let mut tiles = 0;
+    for line in src[..loop_at].lines().filter(|l| l.contains("_st = reinterpret_cast<")) {
+        let name = line.split("* const ").nth(1).and_then(|r| r.split(' ').next()).expect("a stage tile");
+        let off = num(line.split("mi_smem + ").nth(1).and_then(|r| r.split(')').next()).unwrap_or(""));
+        let at = body.find(&format!("{name} + (it % {stages}) * ")).unwrap_or_else(|| panic!("{name}: {body}"));
+        let stride = num(body[at..].split(" * ").nth(1).and_then(|r| r.split(';').next()).unwrap_or(""));
+        let end = off + stride * 2 * stages;
+        assert!(end <= recv || off >= recv_end, "{name} [{off}, {end}) meets [{recv}, {recv_end}): {src}");
+        tiles += 1;
+    }
+    assert_eq!(tiles, 2, "{src}");
 }
 
 #[test]

@@ -748,8 +748,9 @@ METHOD = (
     "2MNK per matmul, rates measured in the same run (1 GiB fp16 device-to-device copy counting "
     "read + write; 8192^3 fp16 matmul). speedup = best contender / ours (> 1: ours faster). Launches: ours go out as programmatic dependents of the "
     "previous kernel in the stream (sm_90; each kernel waits for it before touching memory, so "
-    "only the launch and, for loop-free kernels, L2 prefetches of its inputs overlap the previous "
-    "call's drain); PyTorch launches the contenders' kernels as it always does."
+    "only the launch and L2 prefetches of its first input tiles overlap the previous call's "
+    "drain; a kernel streaming a pipelined loop lets the next one be scheduled once its last "
+    "copies are issued); PyTorch launches the contenders' kernels as it always does."
 )
 
 

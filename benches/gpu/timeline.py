@@ -1,0 +1,201 @@
+"""Where a streaming kernel's time goes, block by block (GPU machine): a saved winner of one
+pipelined-loop kernel (RMSNorm+Linear, gated MLP) runs from a copy of its generated source
+with ``%globaltimer`` stamps (32 ns steps), consecutive calls replayed in a CUDA graph as
+bench.py replays them.
+
+    PYTHONPATH=/tmp/mi python benches/gpu/timeline.py DIR/rmsnorm_linear_16_67a26b03.json ...
+
+Each block's thread 0 stamps: entry, its dependent-launch wait ended, the loop's first stage
+landed, the loop ended (every copy landed), the cluster merge done (the first block of a
+cluster: its wait for the others' pushes ended), and its end; it writes them over the first
+row of its own output columns (the output is wrong, the timing is not). In a cluster split the
+other blocks' stamps (their loop, their push done) reach the first block through its receive
+area, after a barrier of their own (which delays their arrival a little). Printed per call, over the blocks (min / median / max, ns): the previous call's last
+block's end to this call's first wait's end, the first stage's latency, the loop, the cluster
+merge's wait, and what follows until the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mirage as mi
+import variants
+
+MARK = "// ---------------------------------------------------------------- generated kernels"
+HELPERS = """
+__device__ __forceinline__ unsigned long long mi_gt() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned long long mi_smid() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+"""
+#: The stamps a block writes (u64 words over its output row), then its cluster partner's.
+OWN = ("enter", "waited", "first", "looped", "merged", "end", "sm")
+PARTNER = ("enter", "waited", "first", "looped", "pushed")
+_PARTNER_AT = 8
+
+
+def _insert_after(text: str, anchor: str, add: str, start: int = 0) -> str:
+    at = text.find(anchor, start)
+    if at < 0:
+        raise ValueError(f"stamp: `{anchor.strip()}` not found: not a streaming-loop kernel")
+    at += len(anchor)
+    return text[:at] + add + text[at:]
+
+
+def stamp(source: str) -> tuple[str, int]:
+    """The source with the stamps, and the words each block owns in its output row."""
+    head, sep, kern = source.partition(MARK)
+    if not sep or kern.count("__global__") != 1:
+        raise ValueError("stamp: one generated kernel expected")
+    cols = re.search(
+        r"-> output 0\n    const long long base = \(long long\)blockIdx\.x \* (\d+)LL;", kern
+    )
+    if cols is None:
+        raise ValueError("stamp: the output's columns are not blockIdx.x's")
+    words = int(cols.group(1)) * 2 // 8  # 16-bit outputs
+    if words < len(OWN):
+        raise ValueError(f"stamp: {words} words of output a block, {len(OWN)} needed")
+    cluster = "mi::cluster_wait(); // every block" in kern
+    partner = cluster and words >= _PARTNER_AT + len(PARTNER)
+    wait = re.search(r"\n  mi::dep_(?:enter|wait)\(\);[^\n]*\n", kern)
+    if wait is None:
+        raise ValueError("stamp: no dependent-launch wait")
+    kern = (
+        kern[: wait.start()]
+        + "\n  unsigned long long mi_ts[8] = {0}, mi_pt[5] = {0};\n  (void)mi_pt;\n  mi_ts[0] = mi_gt();"
+        + wait.group(0)
+        + "  mi_ts[1] = mi_gt();\n"
+        + kern[wait.end() :]
+    )
+    loop = kern.find("\n  for (int it = 0;")
+    if loop < 0:
+        raise ValueError("stamp: no loop")
+    kern = _insert_after(
+        kern, "\n    __syncthreads();\n", "    if (it == 0) mi_ts[2] = mi_gt();\n", loop
+    )
+    kern = _insert_after(
+        kern, "\n  mi::cp_async_wait<0>();\n  __syncthreads();\n", "  mi_ts[3] = mi_gt();\n", loop
+    )
+    if cluster:
+        push = "    mi::cluster_arrive_release();\n    return;\n"
+        at = kern.find(push)
+        if at < 0:
+            raise ValueError("stamp: no pushed cluster merge")
+        if partner:
+            # After every thread's push (a cluster-scope fence and a barrier order them before
+            # these stores, which overwrite the first sums: the output is wrong anyway).
+            send = (
+                '    asm volatile("fence.acq_rel.cluster;" ::: "memory");\n    __syncthreads();\n'
+                "    if (tid == 0) {\n"
+                "      unsigned long long* const p = reinterpret_cast<unsigned long long*>("
+                "mi::cluster_map(mi_recv, 0u)) + 8 * (mi::cluster_rank() - 1);\n"
+                "      p[0] = mi_ts[0]; p[1] = mi_ts[1]; p[2] = mi_ts[2]; p[3] = mi_ts[3];"
+                " p[4] = mi_gt();\n    }\n"
+            )
+            kern = kern[:at] + send + kern[at:]
+        take = "  mi_ts[4] = mi_gt();\n"
+        if partner:
+            take += (
+                "  for (int j = 0; j < 5; ++j) mi_pt[j] = "
+                "reinterpret_cast<const unsigned long long*>(mi_recv)[j];\n"
+            )
+        kern = _insert_after(
+            kern, "  mi::cluster_arrive_relaxed();\n  mi::cluster_wait();\n", take, at
+        )
+    else:
+        kern = _insert_after(kern, "  mi_ts[3] = mi_gt();\n", "  mi_ts[4] = mi_ts[3];\n")
+    end = kern.rstrip().rfind("}")
+    write = (
+        "  __syncthreads();\n  if (tid == 0) {\n    mi_ts[5] = mi_gt();\n    mi_ts[6] = mi_smid();\n"
+        f"    unsigned long long* const o = reinterpret_cast<unsigned long long*>(out0 + "
+        f"(long long)blockIdx.x * {cols.group(1)}LL);\n"
+        f"    for (int j = 0; j < {len(OWN)}; ++j) o[j] = mi_ts[j];\n"
+    )
+    if partner:
+        write += f"    for (int j = 0; j < {len(PARTNER)}; ++j) o[{_PARTNER_AT} + j] = mi_pt[j];\n"
+    write += "  }\n"
+    kern = kern[:end] + write + kern[end:]
+    return head.replace(
+        "}  // namespace mi", "}  // namespace mi\n" + HELPERS, 1
+    ) + sep + kern, words
+
+
+def _q(a: np.ndarray) -> str:
+    a = np.sort(a)
+    return f"{a[0]:6.0f} {a[len(a) // 2]:6.0f} {a[-1]:6.0f}"
+
+
+def timeline(path: str, calls: int = 4) -> None:
+    """Prints the last ``calls`` calls' phases of the saved graph at ``path``."""
+    w, b = variants.cell_of(path)
+    g = mi.load_json(path)
+    src, words = stamp(g.cuda_source())
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, f"{g.hash()[:16]}_sm90.cu"), "w", encoding="utf-8") as f:
+            f.write(src)
+        os.environ["MIRAGE_LOAD_CODES"] = tmp
+        g = mi.load_json(path)
+        sets = variants.input_sets(w, b)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for xs in sets:
+                g(inputs=list(xs))
+            torch.cuda.synchronize()
+            cg = torch.cuda.CUDAGraph()
+            keep: list[torch.Tensor] = []
+            with torch.cuda.graph(cg):
+                for _ in range(2):
+                    keep.extend(g(inputs=list(xs))[0] for xs in sets)
+        os.environ.pop("MIRAGE_LOAD_CODES", None)
+    for _ in range(3):
+        cg.replay()
+    torch.cuda.synchronize()
+    rows = [o[0].contiguous().view(torch.int64).cpu().numpy().reshape(-1, words) for o in keep]
+    print(f"== {os.path.basename(path)}: {rows[0].shape[0]} blocks writing stamps, ns")
+    for k in range(max(1, len(rows) - calls), len(rows)):
+        t, prev_end = rows[k].astype(np.int64), int(rows[k - 1][:, 5].max())
+        t0 = int(t[:, 1].min())
+        line = (
+            f"call {k}: period {int(t[:, 5].max()) - prev_end:6d} | prev end -> wait {t0 - prev_end:5d}"
+            f" | first {_q(t[:, 2] - t[:, 1])} | loop {_q(t[:, 3] - t[:, 2])}"
+            f" | merge wait {_q(t[:, 4] - t[:, 3])} | to end {_q(t[:, 5] - t[:, 4])}"
+        )
+        if words >= _PARTNER_AT + len(PARTNER) and t[:, _PARTNER_AT + 4].any():
+            p = t[:, _PARTNER_AT : _PARTNER_AT + len(PARTNER)]
+            line += (
+                f" || partner: loop {_q(p[:, 3] - p[:, 2])} | to pushed {_q(p[:, 4] - p[:, 3])}"
+                f" | pushed -> merged {_q(t[:, 4] - p[:, 4])}"
+            )
+        print(line, flush=True)
+    del cg, keep
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("graphs", nargs="+", help="saved winners (bench.py --save-graphs)")
+    ap.add_argument("--calls", type=int, default=4, help="calls printed (default 4)")
+    args = ap.parse_args(argv)
+    for path in args.graphs:
+        timeline(path, args.calls)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

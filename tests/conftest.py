@@ -4,8 +4,11 @@ Helpers are imported by the test modules with ``from conftest import ...`` (pyte
 folder on ``sys.path``: the folder has no ``__init__.py``).
 """
 
+import importlib.util
 import os
+import pathlib
 import zlib
+from types import ModuleType
 
 import mirage as mi
 import numpy as np
@@ -25,6 +28,20 @@ def _recording_run(self, inputs=None):
 
 
 mi.KNGraph.run = _recording_run
+
+
+#: The GPU benchmark's scripts (``benches/gpu``), some of whose parts run without a GPU.
+GPU_SCRIPTS = pathlib.Path(__file__).parents[1] / "benches" / "gpu"
+
+
+def gpu_script(name: str) -> ModuleType:
+    """``benches/gpu/<name>.py`` loaded as a module (its imports of bench.py and the like
+    resolve beside it; torch is in the test venv)."""
+    spec = importlib.util.spec_from_file_location(name, GPU_SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def nvrtc_or_skip() -> None:

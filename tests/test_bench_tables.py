@@ -4,29 +4,19 @@ table that the device's per-command limit splits over calls."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import pathlib
 from types import ModuleType
 
 import pytest
+from conftest import GPU_SCRIPTS, gpu_script
 
-GPU = pathlib.Path(__file__).parents[1] / "benches" / "gpu"
-RUNS = GPU / "results" / "h200-2026-11-28"
+RUNS = GPU_SCRIPTS / "results" / "h200-2026-11-28"
 PARTS = ["att1.json", "att816.json", "mlp.json", "mlp2.json"]
-
-
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, GPU / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def merge_tables() -> ModuleType:
-    return _script("merge_tables")  # bench.py's helpers (torch is in the test venv)
+    return gpu_script("merge_tables")  # bench.py's helpers (torch is in the test venv)
 
 
 def _runs() -> list[dict]:

@@ -4,29 +4,17 @@ refused with a reason."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 from types import ModuleType
 
 import mirage as mi
 import pytest
-from conftest import nvrtc_or_skip
+from conftest import gpu_script, nvrtc_or_skip
 from mirage import _core, search
-
-GPU = pathlib.Path(__file__).parents[1] / "benches" / "gpu"
-
-
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, GPU / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def timeline() -> ModuleType:
-    return _script("timeline")  # variants.py and bench.py beside it (torch is in the test venv)
+    return gpu_script("timeline")  # variants.py and bench.py beside it (torch is in the test venv)
 
 
 def _forms(timeline: ModuleType, workload: str, b: int) -> list[mi.KNGraph]:

@@ -48,8 +48,8 @@ __device__ __forceinline__ void dep_enter() {
 // the wait. The next call's blocks then arrive while this one drains and prefetch their own
 // first stages into L2 while the memory would otherwise idle. On the H200 (bench timing, saved
 // winners, two rounds) RMSNorm+Linear b=1 11.4 -> 11.1 us, b=16 12.5 -> 12.0, 4096x6144 b=16
-// 17.5 -> 17.3; triggering late alone gained 0.1-0.2 us, prefetching with the early trigger
-// lost up to 0.9 (those blocks arrive at this call's start and prefetch then).
+// 17.5 -> 17.3; triggering late alone gained up to 0.2 us, prefetching with the early trigger
+// lost up to 1.0 (those blocks arrive at this call's start and prefetch then).
 __device__ __forceinline__ void dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -878,9 +878,6 @@ __device__ __forceinline__ void a_frag(unsigned* a, const T* A, int mt, int k0, 
 // into C once, after the loop. A and B: 16-bit tiles in shared memory, K % 16 == 0, N % 8 == 0,
 // LDB a multiple of 8 (ldmatrix rows); A rows past M read as zero. SWB: B is stored unpadded
 // with its rows' chunks swizzled (`swz`, LDB == N); SWA: A likewise (`swz<LDA, 8>`, LDA == K).
-#ifndef MI_MMA_KS_FRAGS
-#define MI_MMA_KS_FRAGS (1 << 30)
-#endif
 template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWB = false, bool SWA = false>
 struct MmaAcc {
   static constexpr int NW = NT / 32, MT = (M + 15) / 16, N8 = N / 8, KSTEPS = K / 16;
@@ -890,7 +887,7 @@ struct MmaAcc {
   // <= 16 fragments (64 registers).
   __host__ __device__ static constexpr int pick_ks() {
     int ks = 1;
-    while (NW % (ks * 2) == 0 && ks * 2 <= KSTEPS && (FR + NW / (ks * 2) - 1) / (NW / (ks * 2)) <= 16 && ks * 2 * FR <= MI_MMA_KS_FRAGS) ks *= 2;
+    while (NW % (ks * 2) == 0 && ks * 2 <= KSTEPS && (FR + NW / (ks * 2) - 1) / (NW / (ks * 2)) <= 16) ks *= 2;
     return ks;
   }
   // The fragment whose B columns fragment j shares within a k-step (j itself: none before

@@ -124,8 +124,9 @@ struct Ctx<'a> {
     cluster: usize,
     /// The accumulator tiles `Step::ClusterMerge` adds across the cluster.
     merged_by_step: Vec<STensorId>,
-    /// The byte offset of the first block's receive area of that merge (`mi::cluster_push`).
-    recv: Option<usize>,
+    /// The first block's receive area of that merge (`mi::cluster_push`): its byte offset and
+    /// the floats of one block's slot.
+    recv: Option<(usize, usize)>,
     /// Per op: the shared scratch (byte offset, bytes) of the `finish` of its register
     /// accumulator (`mi::MmaAcc` of a loop matmul's accumulator, `mi::RowSumAcc`).
     acc_scratch: Vec<Option<(usize, usize)>>,
@@ -1142,7 +1143,7 @@ fn emit_with(
         (f, off)
     });
     // The receive area is the last buffer `plan` pushed (a summing split has no combine).
-    let recv = (recv_slot > 0).then(|| buffers.last().map_or(0, |b| b.offset));
+    let recv = (recv_slot > 0).then(|| (buffers.last().map_or(0, |b| b.offset), recv_slot));
     let mut acc_scratch_at: Vec<Option<(usize, usize)>> = vec![None; n_ops];
     for (j, &(_, op, bytes)) in acc_scratch.iter().enumerate() {
         acc_scratch_at[op] = Some((buffers[first_scratch + j].offset, bytes));
@@ -2258,10 +2259,9 @@ impl Ctx<'_> {
     /// the first stores its tiles into the first block's receive area and leaves; the first
     /// block waits for them on the cluster barrier and adds them to its own.
     fn cluster_push(&self, ts: &[STensorId]) -> Result<String> {
-        let Some(off) = self.recv else {
+        let Some((off, slot)) = self.recv else {
             return unsupported("internal error: a cluster merge without its receive area");
         };
-        let slot: usize = ts.iter().map(|&t| numel(self.dims(t)).next_multiple_of(4)).sum();
         let mut s = format!("{{ // the cluster's sums into its first block\nfloat* const mi_recv = reinterpret_cast<float*>(mi_smem + {off});\n");
         s.push_str("mi::cluster_wait(); // every block of the cluster has started\nif (mi::cluster_rank() != 0) {\n");
         let mut at = 0;

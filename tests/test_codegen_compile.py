@@ -165,6 +165,18 @@ def test_ws_warpgroups_setting_is_checked(monkeypatch):
         g.cuda_source(90)
 
 
+def test_lazy_merge_setting_is_checked(monkeypatch):
+    g = mi.new_kernel_graph()
+    x = g.new_input((16, 256), dtype=mi.float16)
+    g.mark_output(g.rms_norm(x, (256,)))
+    for ok in ("0", "1", " 1 ", ""):
+        monkeypatch.setenv("MIRAGE_LAZY_MERGE", ok)
+        assert "namespace mi" in g.cuda_source(90)
+    monkeypatch.setenv("MIRAGE_LAZY_MERGE", "yes")
+    with pytest.raises(ValueError, match='MIRAGE_LAZY_MERGE must be 0 or 1, got "yes"'):
+        g.cuda_source(90)
+
+
 def test_compile_error_reports_the_nvrtc_log():
     with pytest.raises(RuntimeError, match="NVRTC failed to compile.*error"):
         _core.nvrtc_compile("__global__ void k() { not_declared(); }", 90)

@@ -127,6 +127,8 @@ struct Ctx<'a> {
     /// The first block's receive area of that merge (`mi::cluster_push`): its byte offset and
     /// the floats of one block's slot.
     recv: Option<(usize, usize)>,
+    /// The merge is lazy (`Knobs::lazy_merge`): the merged tiles' readers add the slots.
+    lazy: bool,
     /// Per op: the shared scratch (byte offset, bytes) of the `finish` of its register
     /// accumulator (`mi::MmaAcc` of a loop matmul's accumulator, `mi::RowSumAcc`).
     acc_scratch: Vec<Option<(usize, usize)>>,
@@ -187,18 +189,31 @@ impl Layout {
     }
 }
 
+/// The emitter's choices that `Options` sets (from the environment where the Python package
+/// generates).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Knobs {
+    /// Consumer warpgroups of the interleaved warp-specialised attention loop ([`ws_three`]).
+    pub wgs: WsWarpgroups,
+    /// A summing cluster split's first block leaves its sums where they landed: every reader
+    /// of a merged tile after the merge (element-wise groups and their output stores) adds the
+    /// other blocks' slots of the receive area as it reads, and takes a mean's division or an
+    /// rms's root there, instead of a gather pass, a division pass and their barriers
+    /// (`Step::ClusterMerge`). The same sums in the same order.
+    pub lazy_merge: bool,
+}
+
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
 /// `arch` (e.g. 90) picks the attention form: on sm_90 the warpgroup one where it fits.
-/// `wgs`: consumer warpgroups of the interleaved warp-specialised attention loop
-/// ([`ws_three`]).
 pub(crate) fn emit(
     name: &str,
     bg: &BlockGraph,
     ins: &[DevBuffer],
     outs: &[DevBuffer],
     arch: u32,
-    wgs: WsWarpgroups,
+    knobs: Knobs,
 ) -> Result<Emitted> {
+    let wgs = knobs.wgs;
     if let Some(e) = crate::rowreg::emit(name, bg, ins, outs)? {
         return Ok(e);
     }
@@ -209,13 +224,13 @@ pub(crate) fn emit(
     // made twice as fine, where that takes the form; else the graph as it is.
     if arch == 90 && three_candidate(bg, wgs) {
         if let Ok(fine) = bg.with_finer_loop(2) {
-            let three = emit_any(name, &fine, ins, outs, arch, wgs).ok().flatten();
+            let three = emit_any(name, &fine, ins, outs, arch, knobs).ok().flatten();
             if let Some(e) = three.filter(|e| e.extra_threads == WS3_THREADS + WS_PRODUCER_THREADS) {
                 return Ok(e);
             }
         }
     }
-    match emit_any(name, bg, ins, outs, arch, wgs)? {
+    match emit_any(name, bg, ins, outs, arch, knobs)? {
         Some(e) => Ok(e),
         None => unsupported(format!("{name}: internal error: no schedule without flash")),
     }
@@ -228,7 +243,7 @@ fn emit_any(
     ins: &[DevBuffer],
     outs: &[DevBuffer],
     arch: u32,
-    wgs: WsWarpgroups,
+    knobs: Knobs,
 ) -> Result<Option<Emitted>> {
     // A loop whose grid leaves SMs idle is split across the blocks of thread-block clusters
     // (`BlockGraph::cluster_split`) where its attention region takes the warpgroup form or
@@ -238,7 +253,7 @@ fn emit_any(
         let mut most = MAX_CLUSTER_SPLIT;
         while let Some((axis, cs, split)) = bg.cluster_split_within(most) {
             for mode in [FlashMode::Wgmma, FlashMode::Off] {
-                if let Some(mut e) = emit_with(name, &split, ins, outs, mode, cs, wgs)? {
+                if let Some(mut e) = emit_with(name, &split, ins, outs, mode, cs, knobs)? {
                     if e.smem_bytes <= SM90_SMEM_BYTES {
                         e.cluster[axis] = cs;
                         return Ok(Some(e));
@@ -254,7 +269,7 @@ fn emit_any(
         &[FlashMode::Mma, FlashMode::Off]
     };
     for &mode in modes {
-        if let Some(e) = emit_with(name, bg, ins, outs, mode, 1, wgs)? {
+        if let Some(e) = emit_with(name, bg, ins, outs, mode, 1, knobs)? {
             return Ok(Some(e));
         }
     }
@@ -458,8 +473,9 @@ fn emit_with(
     outs: &[DevBuffer],
     mode: FlashMode,
     cluster: usize,
-    wgs: WsWarpgroups,
+    knobs: Knobs,
 ) -> Result<Option<Emitted>> {
+    let wgs = knobs.wgs;
     let nt: usize = bg.block_dim.iter().product();
     let n_ops = bg.ops.len();
     let n_t = bg.tensors.len();
@@ -682,6 +698,17 @@ fn emit_with(
         p += 1;
     }
 
+    // A lazy cluster merge (`Knobs::lazy_merge`) where only element-wise groups (and their
+    // output stores) read the merged tiles after it: the merge writes none of them.
+    let lazy = knobs.lazy_merge
+        && summing
+        && steps.iter().position(|&(_, st)| matches!(st, Step::ClusterMerge)).is_some_and(|m| {
+            steps[m + 1..].iter().all(|&(_, st)| match st {
+                Step::Group { .. } | Step::GroupSave { .. } => true,
+                Step::Save { op, .. } => !merged_by_step.contains(&bg.ops[op].inputs[0]),
+                _ => false,
+            })
+        });
     // Reads and writes of a step: (written tiles, read tiles, whether the writes are carried
     // across iterations).
     let rw = |sec: Section, step: Step| -> (Vec<STensorId>, Vec<STensorId>, bool) {
@@ -718,7 +745,7 @@ fn emit_with(
             }),
             Step::MatAcc { op, .. } => (vec![], bg.ops[op].inputs.clone(), false),
             Step::MatAccEnd { acc } => (vec![bg.ops[acc].outputs[0]], vec![], false),
-            Step::ClusterMerge => (merged_by_step.clone(), merged_by_step.clone(), false),
+            Step::ClusterMerge => (if lazy { vec![] } else { merged_by_step.clone() }, merged_by_step.clone(), false),
         }
     };
 
@@ -1170,6 +1197,7 @@ fn emit_with(
         cluster,
         merged_by_step,
         recv,
+        lazy,
         acc_scratch: acc_scratch_at,
         ws: None,
         ws3,
@@ -1558,6 +1586,9 @@ impl Ctx<'_> {
 
     /// `to_f32` read of tile `t` at index expression `idx`.
     fn read(&self, t: STensorId, idx: &str) -> String {
+        if self.lazy && self.merged_by_step.contains(&t) {
+            return self.merged_read(t, idx);
+        }
         if let Some(k) = self.streamed[t] {
             let Some(at) = self.streamed_offset(t, &format!("({idx})")) else {
                 return format!("t{t}[{idx}]");
@@ -1924,8 +1955,11 @@ impl Ctx<'_> {
         }
         wl!(s, "  const int tid = mi::lin_tid();");
         wl!(s, "  (void)tid;");
-        if self.recv.is_some() {
+        if let Some((off, _)) = self.recv {
             wl!(s, "  mi::cluster_arrive_relaxed(); // its merge waits for every block of the cluster to start");
+            if self.lazy {
+                wl!(s, "  float* const mi_recv = reinterpret_cast<float*>(mi_smem + {off}); // the cluster merge's receive area");
+            }
         }
         if let Some(off) = scratch {
             wl!(s, "  float* const mi_scratch = reinterpret_cast<float*>(mi_smem + {off}); // matmul split-K");
@@ -2244,15 +2278,47 @@ impl Ctx<'_> {
 
     /// The division of mean or rms accumulator `op`'s summed tile, in place (and the root).
     fn finalize_divide(&self, op: usize) -> String {
-        let aop = &self.bg.ops[op];
-        let (x, o) = (aop.inputs[0], aop.outputs[0]);
-        let dx = self.dims(x);
-        let n = dx[dx.len() - 1] * self.bg.forloop_range * self.cluster;
-        let e = match aop.kind {
-            BlockOpKind::ForloopAccum { acc: Accum::Rms } => format!("sqrtf(t{o}[i] / {})", flit(n as f32)),
-            _ => format!("t{o}[i] / {}", flit(n as f32)),
-        };
+        let o = self.bg.ops[op].outputs[0];
+        let e = self.finalized(op, &format!("t{o}[i]"));
         format!("for (int i = tid; i < {}; i += NT) t{o}[i] = {e};\n", numel(self.dims(o)))
+    }
+
+    /// Mean or rms accumulator `op`'s value from its summed element `sum` (a C++ float).
+    fn finalized(&self, op: usize, sum: &str) -> String {
+        let aop = &self.bg.ops[op];
+        let dx = self.dims(aop.inputs[0]);
+        let n = dx[dx.len() - 1] * self.bg.forloop_range * self.cluster;
+        match aop.kind {
+            BlockOpKind::ForloopAccum { acc: Accum::Rms } => format!("sqrtf({sum} / {})", flit(n as f32)),
+            _ => format!("{sum} / {}", flit(n as f32)),
+        }
+    }
+
+    /// In a lazy cluster merge, the mean or rms accumulator op whose merged tile is `t`.
+    fn lazily_finalized(&self, t: STensorId) -> Option<usize> {
+        (0..self.bg.ops.len()).find(|&j| finalized(&self.bg.ops[j].kind) && self.bg.ops[j].outputs[0] == t)
+    }
+
+    /// In a lazy cluster merge, where merged tile `t` lies in a block's slot (floats).
+    fn slot_offset(&self, t: STensorId) -> usize {
+        let before = self.merged_by_step.iter().take_while(|&&m| m != t);
+        before.map(|&m| numel(self.dims(m)).next_multiple_of(4)).sum()
+    }
+
+    /// In a lazy cluster merge, merged tile `t`'s element `idx` as the eager merge leaves it:
+    /// this block's sum plus every other block's slot, in rank order, then a mean's division
+    /// or an rms's root.
+    fn merged_read(&self, t: STensorId, idx: &str) -> String {
+        let slot = self.recv.map_or(0, |(_, slot)| slot);
+        let at = self.slot_offset(t);
+        let mut sum = format!("t{t}[{idx}]");
+        for r in 1..self.cluster {
+            sum = format!("{sum} + mi_recv[{} + ({idx})]", (r - 1) * slot + at);
+        }
+        match self.lazily_finalized(t) {
+            Some(op) => self.finalized(op, &format!("({sum})")),
+            None => format!("({sum})"),
+        }
     }
 
     /// A summing cluster's merge of its fp32 tiles `ts` (`mi::cluster_push`): every block but
@@ -2262,7 +2328,12 @@ impl Ctx<'_> {
         let Some((off, slot)) = self.recv else {
             return unsupported("internal error: a cluster merge without its receive area");
         };
-        let mut s = format!("{{ // the cluster's sums into its first block\nfloat* const mi_recv = reinterpret_cast<float*>(mi_smem + {off});\n");
+        let mut s = if self.lazy {
+            // (`mi_recv` is declared at the kernel's start: the readers after the merge use it.)
+            String::from("{ // the cluster's sums into its first block's receive area, added where read\n")
+        } else {
+            format!("{{ // the cluster's sums into its first block\nfloat* const mi_recv = reinterpret_cast<float*>(mi_smem + {off});\n")
+        };
         s.push_str("mi::cluster_wait(); // every block of the cluster has started\nif (mi::cluster_rank() != 0) {\n");
         let mut at = 0;
         let mut gather = String::new();
@@ -2275,8 +2346,11 @@ impl Ctx<'_> {
         s.push_str(
             "  mi::cluster_arrive_release();\n  return;\n}\nmi::cluster_arrive_relaxed();\nmi::cluster_wait();\n",
         );
-        s.push_str(&gather);
-        s.push_str("__syncthreads();\n}\n");
+        if !self.lazy {
+            s.push_str(&gather);
+            s.push_str("__syncthreads();\n");
+        }
+        s.push_str("}\n");
         Ok(s)
     }
 
@@ -2349,7 +2423,7 @@ impl Ctx<'_> {
                 s.push_str(&self.cluster_push(&self.merged_by_step)?);
                 let divided =
                     |j: &usize| finalized(&bg.ops[*j].kind) && self.merged_by_step.contains(&bg.ops[*j].outputs[0]);
-                for op in (0..bg.ops.len()).filter(divided) {
+                for op in (0..bg.ops.len()).filter(|j| !self.lazy && divided(j)) {
                     s.push_str(&self.finalize_divide(op));
                 }
             }
@@ -2548,6 +2622,23 @@ impl Ctx<'_> {
                     if plain && xd == tile {
                         wl!(s, "    float x{r}[{w}];");
                         wl!(s, "    mi::load_f32_n<{w}>(x{r}, t{x} + i{w});");
+                        if self.lazy && self.merged_by_step.contains(&x) {
+                            // The other blocks' sums, as `merged_read` (16 bytes at a time).
+                            let (slot, at) = (self.recv.map_or(0, |(_, slot)| slot), self.slot_offset(x));
+                            for rank in 1..self.cluster {
+                                wl!(s, "    {{");
+                                wl!(s, "      float y[{w}];");
+                                wl!(s, "      mi::load_f32_n<{w}>(y, mi_recv + {} + i{w});", (rank - 1) * slot + at);
+                                wl!(s, "#pragma unroll");
+                                wl!(s, "      for (int e = 0; e < {w}; ++e) x{r}[e] += y[e];");
+                                wl!(s, "    }}");
+                            }
+                            if let Some(op) = self.lazily_finalized(x) {
+                                let e = self.finalized(op, &format!("x{r}[e]"));
+                                wl!(s, "#pragma unroll");
+                                wl!(s, "    for (int e = 0; e < {w}; ++e) x{r}[e] = {e};");
+                            }
+                        }
                         reads.push(format!("x{r}[e]"));
                     } else if xd.len() == tile.len() && xd.last() == Some(&1) {
                         wl!(s, "    const float x{r} = {};", self.read(x, &bcast(tile, &format!("i{w}"), xd)));

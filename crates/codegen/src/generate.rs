@@ -25,6 +25,10 @@ pub struct Options {
     pub smem_limit: Option<usize>,
     /// Consumer warpgroups of the interleaved warp-specialised attention loop.
     pub ws_warpgroups: WsWarpgroups,
+    /// A summing cluster split's first block adds the other blocks' sums where its epilogue
+    /// reads them instead of in a pass of its own (`block_kernel::Knobs::lazy_merge`; off by
+    /// default: not yet run on a GPU).
+    pub lazy_merge: bool,
 }
 
 /// Consumer warpgroups of the interleaved warp-specialised attention loop (64 query rows a
@@ -46,12 +50,28 @@ impl Options {
     /// Options for `arch` with no shared-memory check and the attention warpgroups chosen per
     /// region ([`WsWarpgroups::Auto`]).
     pub fn for_arch(arch: u32) -> Self {
-        Options { arch, smem_limit: None, ws_warpgroups: WsWarpgroups::Auto }
+        Options { arch, smem_limit: None, ws_warpgroups: WsWarpgroups::Auto, lazy_merge: false }
     }
 
-    /// [`Self::for_arch`] with the attention warpgroups the environment asks for.
+    /// [`Self::for_arch`] with the attention warpgroups and the cluster merge the environment
+    /// asks for.
     pub fn for_arch_from_env(arch: u32) -> Result<Self> {
-        Ok(Options { ws_warpgroups: Self::ws_warpgroups_from_env()?, ..Self::for_arch(arch) })
+        Ok(Options {
+            ws_warpgroups: Self::ws_warpgroups_from_env()?,
+            lazy_merge: Self::lazy_merge_from_env()?,
+            ..Self::for_arch(arch)
+        })
+    }
+
+    /// Whether `MIRAGE_LAZY_MERGE` asks for the lazy cluster merge: 1, or 0 (the default, also
+    /// when unset or empty); any other value is an error naming the variable.
+    pub fn lazy_merge_from_env() -> Result<bool> {
+        let v = std::env::var("MIRAGE_LAZY_MERGE").unwrap_or_default();
+        match v.trim() {
+            "" | "0" => Ok(false),
+            "1" => Ok(true),
+            other => Err(Error::Unsupported(format!("MIRAGE_LAZY_MERGE must be 0 or 1, got {other:?}"))),
+        }
     }
 
     /// The attention warpgroups `MIRAGE_WS_WARPGROUPS` asks for: 2 or 3, or per region when
@@ -198,7 +218,8 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
             KernelOpKind::Customized { graph } => {
                 let in_bufs: Vec<DevBuffer> = ins.iter().map(|b| (*b).clone()).collect();
                 let out_bufs: Vec<DevBuffer> = outs.iter().map(|b| (*b).clone()).collect();
-                let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch, opts.ws_warpgroups)?;
+                let knobs = block_kernel::Knobs { wgs: opts.ws_warpgroups, lazy_merge: opts.lazy_merge };
+                let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch, knobs)?;
                 let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);
                 let mut block = graph.block_dim.map(|x| x as u32);
                 block[0] += e.extra_threads as u32;

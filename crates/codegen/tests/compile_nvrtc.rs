@@ -259,6 +259,28 @@ fn cluster_split_attention_compiles() {
     }
 }
 
+#[test]
+fn lazy_cluster_merges_compile() {
+    // `Options::lazy_merge` on the summing cluster splits (RMSNorm+Linear, gated MLP; f16 and
+    // bf16): the epilogue reads the receive area.
+    if !setup() {
+        return;
+    }
+    let lazy = Options { lazy_merge: true, ..Options::for_arch(90) };
+    for dt in [DType::Float16, DType::Bfloat16] {
+        for pair in
+            [zoo::rmsnorm_linear(4, 1024, 512, 8, 16, dt).unwrap(), zoo::gated_mlp(4, 1024, 512, 8, 16, dt).unwrap()]
+        {
+            let p = generate(&pair.ugraph, &lazy).unwrap();
+            assert!(p.source.contains(" + mi_recv["), "{}", p.source);
+            assert_waits_first("lazy merge", &p);
+            if let Err(e) = nvrtc::compile(&p.source, 90) {
+                panic!("lazy cluster merge ({}) failed to compile: {e}", dt.name());
+            }
+        }
+    }
+}
+
 /// The zoo's one-kernel attention with `threads` threads a block.
 fn one_kernel_attention(a: Attn, dt: DType, threads: usize) -> KernelGraph {
     with_threads(zoo::attention_one_kernel(a, dt).unwrap().ugraph, threads)

@@ -544,6 +544,32 @@ fn a_cluster_split_pushes_the_sums_into_its_first_block_which_alone_waits() {
 }
 
 #[test]
+fn a_lazy_cluster_merge_adds_the_other_blocks_sums_where_the_epilogue_reads_them() {
+    // `Options::lazy_merge`: RMSNorm + Linear split across clusters as above, but the first
+    // block neither gathers the pushed sums nor takes the rms in passes of their own: its
+    // epilogue reads each element as its own sum plus the receive area's, and the rms as the
+    // root of the summed squares over the row. Gated MLP likewise, without a division.
+    let lazy = Options { lazy_merge: true, ..Options::for_arch(90) };
+    for (pair, divided) in [
+        (zoo::rmsnorm_linear(4, 1024, 512, 8, 16, DType::Float16).expect("zoo"), true),
+        (zoo::gated_mlp(4, 1024, 512, 8, 16, DType::Float16).expect("zoo"), false),
+    ] {
+        let p = generate(&pair.ugraph, &lazy).expect("generates");
+        let start = p.source.find("// block graph:").expect("kernels");
+        let src = &p.source[start..];
+        assert!(src.contains("mi::cluster_push<NT>("), "{src}");
+        assert!(!src.contains("mi::cluster_gather<") && !src.contains("] = sqrtf("), "{src}");
+        assert_eq!(src.matches("float* const mi_recv = ").count(), 1, "{src}");
+        let epilogue = &src[src.find("mi::cluster_arrive_relaxed();\n  mi::cluster_wait();").expect("the wait")..];
+        assert!(epilogue.contains(" + mi_recv["), "{epilogue}");
+        assert_eq!(epilogue.contains("sqrtf(("), divided, "{epilogue}");
+        // The default merge is the eager one.
+        let eager = generate(&pair.ugraph, &Options::for_arch(90)).expect("generates").source;
+        assert!(eager.contains("mi::cluster_gather<"), "{eager}");
+    }
+}
+
+#[test]
 fn an_epilogue_reads_whole_rows_16_bytes_at_a_time_and_a_row_divisor_once() {
     // The same epilogue (acc / rms over [32, 32] tiles, eight elements a thread): the
     // accumulator tile is read as two float4 (one float at a time, a warp's reads were 8-way

@@ -153,27 +153,22 @@ def test_cuda_sass_lists_each_kernels_instructions(monkeypatch):
         g.cuda_sass(90)
 
 
-def test_ws_warpgroups_setting_is_checked(monkeypatch):
+@pytest.mark.parametrize(
+    "var, good, bad, message",
+    [
+        ("MIRAGE_WS_WARPGROUPS", ("2", "3", " 3 ", ""), "4", 'must be 2 or 3, got "4"'),
+        ("MIRAGE_LAZY_MERGE", ("0", "1", " 1 ", ""), "yes", 'must be 0 or 1, got "yes"'),
+    ],
+)
+def test_codegen_settings_from_the_environment_are_checked(monkeypatch, var, good, bad, message):
     g = mi.new_kernel_graph()
     x = g.new_input((16, 256), dtype=mi.float16)
     g.mark_output(g.rms_norm(x, (256,)))
-    for ok in ("2", "3", " 3 ", ""):
-        monkeypatch.setenv("MIRAGE_WS_WARPGROUPS", ok)
+    for ok in good:
+        monkeypatch.setenv(var, ok)
         assert "namespace mi" in g.cuda_source(90)
-    monkeypatch.setenv("MIRAGE_WS_WARPGROUPS", "4")
-    with pytest.raises(ValueError, match='MIRAGE_WS_WARPGROUPS must be 2 or 3, got "4"'):
-        g.cuda_source(90)
-
-
-def test_lazy_merge_setting_is_checked(monkeypatch):
-    g = mi.new_kernel_graph()
-    x = g.new_input((16, 256), dtype=mi.float16)
-    g.mark_output(g.rms_norm(x, (256,)))
-    for ok in ("0", "1", " 1 ", ""):
-        monkeypatch.setenv("MIRAGE_LAZY_MERGE", ok)
-        assert "namespace mi" in g.cuda_source(90)
-    monkeypatch.setenv("MIRAGE_LAZY_MERGE", "yes")
-    with pytest.raises(ValueError, match='MIRAGE_LAZY_MERGE must be 0 or 1, got "yes"'):
+    monkeypatch.setenv(var, bad)
+    with pytest.raises(ValueError, match=f"{var} {message}"):
         g.cuda_source(90)
 
 

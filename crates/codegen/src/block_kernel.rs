@@ -1860,9 +1860,9 @@ impl Ctx<'_> {
     fn prefetches(&self, steps: &[(Section, Step)]) -> String {
         let mut s = String::new();
         if self.late_launch(steps).is_some() {
-            let first = (self.stages - 1).min(self.bg.forloop_range);
+            let (first, staged) = ((self.stages - 1).min(self.bg.forloop_range), self.staged(steps));
             for it in 0..first {
-                for (k, op, _) in self.staged(steps) {
+                for &(k, op, _) in &staged {
                     s.push_str(&self.prefetch_tile(k, op, Some(&it.to_string())));
                 }
             }
@@ -2299,7 +2299,7 @@ impl Ctx<'_> {
         (0..self.bg.ops.len()).find(|&j| finalized(&self.bg.ops[j].kind) && self.bg.ops[j].outputs[0] == t)
     }
 
-    /// In a lazy cluster merge, where merged tile `t` lies in a block's slot (floats).
+    /// Where merged tile `t` lies in a block's slot of the cluster merge's receive area (floats).
     fn slot_offset(&self, t: STensorId) -> usize {
         let before = self.merged_by_step.iter().take_while(|&&m| m != t);
         before.map(|&m| numel(self.dims(m)).next_multiple_of(4)).sum()
@@ -2335,13 +2335,11 @@ impl Ctx<'_> {
             format!("{{ // the cluster's sums into its first block\nfloat* const mi_recv = reinterpret_cast<float*>(mi_smem + {off});\n")
         };
         s.push_str("mi::cluster_wait(); // every block of the cluster has started\nif (mi::cluster_rank() != 0) {\n");
-        let mut at = 0;
         let mut gather = String::new();
         for &t in ts {
-            let n = numel(self.dims(t));
+            let (n, at) = (numel(self.dims(t)), self.slot_offset(t));
             wl!(s, "  mi::cluster_push<NT>(t{t}, mi_recv + {at}, {slot}, {n});");
             wl!(gather, "mi::cluster_gather<NT, {}>(t{t}, mi_recv + {at}, {slot}, {n});", self.cluster);
-            at += n.next_multiple_of(4);
         }
         s.push_str(
             "  mi::cluster_arrive_release();\n  return;\n}\nmi::cluster_arrive_relaxed();\nmi::cluster_wait();\n",

@@ -346,6 +346,7 @@ def _gpu_candidate_forms(m: int, k: int, n: int) -> list[list[tuple[tuple[int, .
         **search._resolve_config("mlp"),
         "verify_top_n": search._GPU_TOP_N,
         "verify_spread": True,
+        "verify_co_resident": True,
         "shared_memory_limit": 232448 * 3 // 4,
     }
     found = search.search_candidates(rmsnorm_linear(m, k, n), settings, num_threads=2)
@@ -357,6 +358,53 @@ def _gpu_candidate_forms(m: int, k: int, n: int) -> list[list[tuple[tuple[int, .
         ]
         for c in found["candidates"]
     ]
+
+
+def test_gpu_candidates_pair_one_wave_streaming_forms_with_co_resident_twins():
+    # With the settings a GPU uses, each of the first verified candidates whose loop streams
+    # over one wave of blocks is followed by its twin: the same graph with the stages capped
+    # (smem_cap) so that two blocks share an SM, generating fewer stages within 113 KiB.
+    settings = {
+        **search._resolve_config("mlp"),
+        "verify_top_n": 24,
+        "verify_spread": True,
+        "verify_co_resident": True,
+        "shared_memory_limit": 232448 * 3 // 4,
+    }
+    found = search.search_candidates(rmsnorm_linear(2, 4096, 4096), settings, num_threads=2)
+    graphs = [json.loads(c["graph"]) for c in found["candidates"]]
+
+    def caps(g: dict) -> list[int | None]:
+        return [
+            op["kind"]["graph"].get("smem_cap")
+            for op in g["graph"]["ops"]
+            if op["kind"]["kind"] == "customized"
+        ]
+
+    def header(g: dict) -> tuple[int, int]:
+        src = mi.from_json(json.dumps(g)).cuda_source(arch=90)
+        line = src[src.index("// block graph:") :].splitlines()[0]
+        smem = int(line.split(" bytes of shared memory")[0].rsplit(", ", 1)[1])
+        return smem, int(line.split(" pipeline stage")[0].rsplit(", ", 1)[1])
+
+    twins = [i for i, g in enumerate(graphs) if any(caps(g))]
+    assert 0 < len(twins) <= 16, len(twins)
+    for i in twins:
+        twin, first = graphs[i], graphs[i - 1]
+        assert found["candidates"][i]["verification"] == "passed"
+        assert not any(caps(first)), i
+        for op in twin["graph"]["ops"]:
+            op["kind"].get("graph", {}).pop("smem_cap", None)
+        assert twin == first, i
+        graphs[i] = json.loads(found["candidates"][i]["graph"])
+        (smem, stages), (smem0, stages0) = header(graphs[i]), header(first)
+        assert stages < stages0 and 2 <= stages, (i, stages, stages0)
+        assert smem <= 113 * 1024 < smem0, (i, smem, smem0)
+    # Without the setting, none.
+    found = search.search_candidates(
+        rmsnorm_linear(2, 4096, 4096), {**settings, "verify_co_resident": False}, num_threads=2
+    )
+    assert not any(any(caps(json.loads(c["graph"]))) for c in found["candidates"])
 
 
 def test_gpu_profiling_reaches_long_streaming_loops():

@@ -6,13 +6,16 @@ bench.py replays them.
     PYTHONPATH=/tmp/mi python benches/gpu/timeline.py DIR/rmsnorm_linear_16_67a26b03.json ...
 
 Each block's thread 0 stamps: entry, its dependent-launch wait ended, the loop's first stage
-landed, the loop ended (every copy landed), the cluster merge done (the first block of a
-cluster: its wait for the others' pushes ended), and its end; it writes them over the first
-row of its own output columns (the output is wrong, the timing is not). In a cluster split the
-other blocks' stamps (their loop, their push done) reach the first block through its receive
-area, after a barrier of their own (which delays their arrival a little). Printed per call, over the blocks (min / median / max, ns): the previous call's last
-block's end to this call's first wait's end, the first stage's latency, the loop, the cluster
-merge's wait, and what follows until the end.
+landed, the loop ended (every copy landed), and its end; in a cluster split also its finishes
+done, the first phase of the cluster barrier seen, and the merge done (the first block: its
+wait for the others' pushes ended; the others: their push done). It writes them over the first
+row of its own output columns (the output is wrong, the timing is not). The other blocks'
+stamps reach the first block through its receive area, after a barrier of their own (which
+delays their arrival a little). Printed per call, over the blocks (min / median / max, ns):
+each block's entry after the previous call's last block's end (negative: before it), that
+end to this call's first wait's end, the first stage's latency, the loop, the cluster merge's
+wait, what follows until the end, and for a cluster each phase of the other block's and the
+first block's finish.
 """
 
 from __future__ import annotations
@@ -39,15 +42,10 @@ __device__ __forceinline__ unsigned long long mi_gt() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ unsigned long long mi_smid() {
-  unsigned s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return s;
-}
 """
 #: The stamps a block writes (u64 words over its output row), then its cluster partner's.
-OWN = ("enter", "waited", "first", "looped", "merged", "end", "sm")
-PARTNER = ("enter", "waited", "first", "looped", "pushed")
+OWN = ("enter", "waited", "first", "looped", "merged", "end", "finished", "started")
+PARTNER = ("enter", "waited", "first", "looped", "pushed", "finished", "started")
 _PARTNER_AT = 8
 
 
@@ -73,13 +71,17 @@ def stamp(source: str) -> tuple[str, int]:
     if words < len(OWN):
         raise ValueError(f"stamp: {words} words of output a block, {len(OWN)} needed")
     cluster = "mi::cluster_wait(); // every block" in kern
-    partner = cluster and words >= _PARTNER_AT + len(PARTNER)
+    # The other blocks' stamps go with their sums through the receive area where the cluster
+    # barrier orders them; an mbarrier-signalled merge (st.async) orders only its own bytes.
+    pushed_async = "mi::cluster_push_async<" in kern
+    partner = cluster and not pushed_async and words >= _PARTNER_AT + len(PARTNER)
     wait = re.search(r"\n  mi::dep_(?:enter|wait)\(\);[^\n]*\n", kern)
     if wait is None:
         raise ValueError("stamp: no dependent-launch wait")
     kern = (
         kern[: wait.start()]
-        + "\n  unsigned long long mi_ts[8] = {0}, mi_pt[5] = {0};\n  (void)mi_pt;\n  mi_ts[0] = mi_gt();"
+        + f"\n  unsigned long long mi_ts[{len(OWN)}] = {{0}}, mi_pt[{len(PARTNER)}] = {{0}};"
+        + "\n  (void)mi_pt;\n  mi_ts[0] = mi_gt();"
         + wait.group(0)
         + "  mi_ts[1] = mi_gt();\n"
         + kern[wait.end() :]
@@ -94,8 +96,20 @@ def stamp(source: str) -> tuple[str, int]:
         kern, "\n  mi::cp_async_wait<0>();\n  __syncthreads();\n", "  mi_ts[3] = mi_gt();\n", loop
     )
     if cluster:
-        push = "    mi::cluster_arrive_release();\n    return;\n"
-        at = kern.find(push)
+        sums = kern.find("  { // the cluster's sums", loop)
+        if sums < 0:
+            raise ValueError("stamp: no cluster merge")
+        kern = kern[:sums] + "  mi_ts[6] = mi_gt();\n" + kern[sums:]
+        kern = _insert_after(
+            kern,
+            "mi::cluster_wait(); // every block of the cluster has started\n",
+            "  mi_ts[7] = mi_gt();\n",
+            sums,
+        )
+        push = (
+            "    return;\n" if pushed_async else "    mi::cluster_arrive_release();\n    return;\n"
+        )
+        at = kern.find(push, sums)
         if at < 0:
             raise ValueError("stamp: no pushed cluster merge")
         if partner:
@@ -107,23 +121,26 @@ def stamp(source: str) -> tuple[str, int]:
                 "      unsigned long long* const p = reinterpret_cast<unsigned long long*>("
                 "mi::cluster_map(mi_recv, 0u)) + 8 * (mi::cluster_rank() - 1);\n"
                 "      p[0] = mi_ts[0]; p[1] = mi_ts[1]; p[2] = mi_ts[2]; p[3] = mi_ts[3];"
-                " p[4] = mi_gt();\n    }\n"
+                " p[4] = mi_gt(); p[5] = mi_ts[6]; p[6] = mi_ts[7];\n    }\n"
             )
             kern = kern[:at] + send + kern[at:]
         take = "  mi_ts[4] = mi_gt();\n"
         if partner:
             take += (
-                "  for (int j = 0; j < 5; ++j) mi_pt[j] = "
+                f"  for (int j = 0; j < {len(PARTNER)}; ++j) mi_pt[j] = "
                 "reinterpret_cast<const unsigned long long*>(mi_recv)[j];\n"
             )
-        kern = _insert_after(
-            kern, "  mi::cluster_arrive_relaxed();\n  mi::cluster_wait();\n", take, at
+        waited = (
+            "  mi::mbar_wait(mi_merge_bar, 0);\n"
+            if pushed_async
+            else "  mi::cluster_arrive_relaxed();\n  mi::cluster_wait();\n"
         )
+        kern = _insert_after(kern, waited, take, at)
     else:
         kern = _insert_after(kern, "  mi_ts[3] = mi_gt();\n", "  mi_ts[4] = mi_ts[3];\n")
     end = kern.rstrip().rfind("}")
     write = (
-        "  __syncthreads();\n  if (tid == 0) {\n    mi_ts[5] = mi_gt();\n    mi_ts[6] = mi_smid();\n"
+        "  __syncthreads();\n  if (tid == 0) {\n    mi_ts[5] = mi_gt();\n"
         f"    unsigned long long* const o = reinterpret_cast<unsigned long long*>(out0 + "
         f"(long long)blockIdx.x * {cols.group(1)}LL);\n"
         f"    for (int j = 0; j < {len(OWN)}; ++j) o[j] = mi_ts[j];\n"
@@ -147,6 +164,7 @@ def timeline(path: str, calls: int = 4) -> None:
     w, b = variants.cell_of(path)
     g = mi.load_json(path)
     src, words = stamp(g.cuda_source())
+    cluster, partner = "mi_ts[7] = mi_gt();" in src, "mi::cluster_map(mi_recv, 0u)" in src
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, f"{g.hash()[:16]}_sm90.cu"), "w", encoding="utf-8") as f:
             f.write(src)
@@ -173,15 +191,21 @@ def timeline(path: str, calls: int = 4) -> None:
         t, prev_end = rows[k].astype(np.int64), int(rows[k - 1][:, 5].max())
         t0 = int(t[:, 1].min())
         line = (
-            f"call {k}: period {int(t[:, 5].max()) - prev_end:6d} | prev end -> wait {t0 - prev_end:5d}"
+            f"call {k}: period {int(t[:, 5].max()) - prev_end:6d} | enter {_q(t[:, 0] - prev_end)}"
+            f" | prev end -> wait {t0 - prev_end:5d}"
             f" | first {_q(t[:, 2] - t[:, 1])} | loop {_q(t[:, 3] - t[:, 2])}"
             f" | merge wait {_q(t[:, 4] - t[:, 3])} | to end {_q(t[:, 5] - t[:, 4])}"
         )
-        if words >= _PARTNER_AT + len(PARTNER) and t[:, _PARTNER_AT + 4].any():
+        if partner:
             p = t[:, _PARTNER_AT : _PARTNER_AT + len(PARTNER)]
             line += (
-                f" || partner: loop {_q(p[:, 3] - p[:, 2])} | to pushed {_q(p[:, 4] - p[:, 3])}"
+                f" || partner: loop {_q(p[:, 3] - p[:, 2])} | finish {_q(p[:, 5] - p[:, 3])}"
+                f" | started {_q(p[:, 6] - p[:, 5])} | push {_q(p[:, 4] - p[:, 6])}"
                 f" | pushed -> merged {_q(t[:, 4] - p[:, 4])}"
+            )
+        if cluster:
+            line += (
+                f" || first block: finish {_q(t[:, 6] - t[:, 3])} | started {_q(t[:, 7] - t[:, 6])}"
             )
         print(line, flush=True)
     del cg, keep

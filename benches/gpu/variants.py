@@ -6,6 +6,9 @@ DIR holds µGraph JSON files named as ``bench.py --save-graphs`` names them
 (``WORKLOAD_B_HASH8.json``; ``WORKLOAD_B.json`` too) and ``DIR/variants/NAME/``, one folder a
 variant holding hand-edited sources as ``MIRAGE_LOAD_CODES`` reads them (``<hash16>_sm90.cu``,
 the graph's ``hash()[:16]``); a variant without a file for a graph runs the generated source.
+``--env NAME:VAR=VALUE[,VAR=VALUE...]`` adds a variant NAME that runs the generated source with
+those variables set (codegen settings read when a graph is compiled, e.g.
+``eager:MIRAGE_LAZY_MERGE=0``); the ``generated`` variant then runs beside it.
 Each round times every graph under every variant in turn (inputs rotated and replayed in a
 CUDA graph as bench.py does; correctness against float64 printed beside), and the last lines
 are a table: one row a graph, one column a variant, the rounds' medians in µs.
@@ -59,11 +62,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", help="graphs and variants/NAME/<hash16>_sm90.cu")
     ap.add_argument("--rounds", type=int, default=3, help="alternations (default 3)")
+    ap.add_argument(
+        "--env", action="append", default=[], help="NAME:VAR=VALUE, a variant of a setting"
+    )
     args = ap.parse_args(argv)
     vdir = os.path.join(args.dir, "variants")
     variants = sorted(os.listdir(vdir)) if os.path.isdir(vdir) else []
-    if not variants:
-        variants = ["generated"]
+    envs: dict[str, dict[str, str]] = {}
+    for spec in args.env:
+        name, _, assigns = spec.partition(":")
+        for assign in assigns.split(","):
+            var, eq, value = assign.partition("=")
+            if not name or not var or not eq:
+                ap.error(f"--env {spec!r}: expected NAME:VAR=VALUE[,VAR=VALUE...]")
+            envs.setdefault(name, {})[var] = value
+    if not variants or envs:
+        variants = ["generated", *variants]
+    variants += list(envs)
+    saved = {var: os.environ.get(var) for sets in envs.values() for var in sets}
     timing = argparse.Namespace(warmup_replays=5, replays=50)
     cells: list[tuple[str, list[list[torch.Tensor]], list[torch.Tensor]]] = []
     for path in graphs_in(args.dir):
@@ -75,7 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path, sets, refs in cells:
             for v in variants:
                 folder = os.path.join(vdir, v)
-                if os.path.isdir(folder):
+                for var, old in saved.items():
+                    if old is None:
+                        os.environ.pop(var, None)
+                    else:
+                        os.environ[var] = old
+                os.environ.update(envs.get(v, {}))
+                if os.path.isdir(folder) and v not in envs:
                     os.environ["MIRAGE_LOAD_CODES"] = folder
                 else:
                     os.environ.pop("MIRAGE_LOAD_CODES", None)

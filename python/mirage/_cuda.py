@@ -21,9 +21,9 @@ warpgroups of 64-key stages where V is normalised (QK-norm) and on two of 128-ke
 otherwise; ``MIRAGE_WS_WARPGROUPS=2`` or ``3`` (read when a graph's program is generated)
 forces one form everywhere. Another value raises ValueError.
 
-``MIRAGE_LAZY_MERGE=1`` (read likewise; ``0`` or unset: off) has the first block of a summing
-cluster split add the other blocks' sums where its epilogue reads them, instead of in a pass
-of its own: an experiment not yet run on a GPU. Another value raises ValueError.
+The first block of a summing cluster split adds the other blocks' sums where its epilogue
+reads them, instead of in a pass of its own; ``MIRAGE_LAZY_MERGE=0`` (read likewise; ``1`` or
+unset: the default) gathers them first. Another value raises ValueError.
 
 On sm_90 and later the kernels are launched as programmatic dependents of the previous kernel
 in the stream: each may be scheduled while that one drains, and waits for it to finish before

@@ -78,6 +78,7 @@ CONFIG_KEYS: dict[str, type] = {
     "expression_pruning": bool,
     "verify_top_n": int,
     "verify_spread": bool,
+    "verify_co_resident": bool,
 }
 
 _BACKENDS = ("cuda", "cpu")
@@ -87,7 +88,7 @@ _BACKENDS = ("cuda", "cpu")
 #: a chain (its fastest now, 96 blocks of 64 columns, ranks in the first few).
 _GPU_TOP_N = 64
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 42
+_CACHE_VERSION = 43
 #: Candidates compiled and timed on a GPU: every one verified there. The cost model ranks
 #: attention forms roughly (the twelfth session's winners sat up to 26th of 28-38), so the
 #: timings decide among all of them.
@@ -592,6 +593,8 @@ def superoptimize(
             settings.setdefault("verify_top_n", _GPU_TOP_N)
             # ... and spread them over structures (kernels, loop ranges) first.
             settings.setdefault("verify_spread", True)
+            # ... and time a co-resident twin (two blocks an SM) beside each of the first.
+            settings.setdefault("verify_co_resident", True)
 
     core = graph._core
     if core.num_ops == 0:

@@ -252,7 +252,7 @@ fn stderr_is_tty(py: Python<'_>) -> bool {
 #[pyo3(signature = (
     graph, *, griddims=None, blockdims=None, imaps=None, omaps=None, fmaps=None, franges=None,
     max_block_ops=None, max_kernel_ops=None, max_customized_ops=None, shared_memory_limit=None,
-    expression_pruning=None, verify_top_n=None, verify_spread=None, time_budget=None, num_threads=None, verbose=false,
+    expression_pruning=None, verify_top_n=None, verify_spread=None, verify_co_resident=None, time_budget=None, num_threads=None, verbose=false,
     tick=None, tick_interval=0.2
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -272,6 +272,7 @@ fn search<'py>(
     expression_pruning: Option<bool>,
     verify_top_n: Option<usize>,
     verify_spread: Option<bool>,
+    verify_co_resident: Option<bool>,
     time_budget: Option<f64>,
     num_threads: Option<usize>,
     verbose: bool,
@@ -321,6 +322,9 @@ fn search<'py>(
     }
     if let Some(v) = verify_spread {
         cfg.verify.spread = v;
+    }
+    if let Some(v) = verify_co_resident {
+        cfg.verify.co_resident = v;
     }
 
     let mut ticker = Ticker {

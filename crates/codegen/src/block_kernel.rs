@@ -129,6 +129,8 @@ struct Ctx<'a> {
     recv: Option<(usize, usize)>,
     /// The merge is lazy (`Knobs::lazy_merge`): the merged tiles' readers add the slots.
     lazy: bool,
+    /// The merge's pushes complete on an mbarrier after the receive area (`Knobs::async_push`).
+    async_push: bool,
     /// Per op: the shared scratch (byte offset, bytes) of the `finish` of its register
     /// accumulator (`mi::MmaAcc` of a loop matmul's accumulator, `mi::RowSumAcc`).
     acc_scratch: Vec<Option<(usize, usize)>>,
@@ -201,6 +203,11 @@ pub(crate) struct Knobs {
     /// rms's root there, instead of a gather pass, a division pass and their barriers
     /// (`Step::ClusterMerge`). The same sums in the same order.
     pub lazy_merge: bool,
+    /// The other blocks of a summing cluster split send their tiles with `st.async`, each
+    /// store completing its bytes on an mbarrier after the first block's receive area
+    /// (`mi::cluster_push_async`), and the first block waits on that alone, instead of on the
+    /// cluster barrier their release-arrivals complete.
+    pub async_push: bool,
 }
 
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
@@ -1120,7 +1127,8 @@ fn emit_with(
         // A summing cluster's receive area lives through the whole kernel: the other blocks
         // push their sums into it whenever they finish, while this one may still be looping.
         if recv_slot > 0 {
-            let size = (cluster - 1) * recv_slot * 4;
+            // (and the mbarrier of `Knobs::async_push` after the slots, 16 bytes)
+            let size = (cluster - 1) * recv_slot * 4 + if knobs.async_push { 16 } else { 0 };
             buffers.push(Buffer { size, start: 0, end: steps.len(), offset: 0, align: SMEM_ALIGN });
         }
         let total = place(&mut buffers);
@@ -1198,6 +1206,7 @@ fn emit_with(
         merged_by_step,
         recv,
         lazy,
+        async_push: knobs.async_push,
         acc_scratch: acc_scratch_at,
         ws: None,
         ws3,
@@ -1955,7 +1964,12 @@ impl Ctx<'_> {
         }
         wl!(s, "  const int tid = mi::lin_tid();");
         wl!(s, "  (void)tid;");
-        if let Some((off, _)) = self.recv {
+        if let Some((off, slot)) = self.recv {
+            if self.async_push {
+                let bar = off + (self.cluster - 1) * slot * 4;
+                wl!(s, "  unsigned long long* const mi_merge_bar = reinterpret_cast<unsigned long long*>(mi_smem + {bar}); // the merge's pushes land");
+                wl!(s, "  if (mi::cluster_rank() == 0 && tid == 0) mi::cluster_merge_init(mi_merge_bar);");
+            }
             wl!(s, "  mi::cluster_arrive_relaxed(); // its merge waits for every block of the cluster to start");
             if self.lazy {
                 wl!(s, "  float* const mi_recv = reinterpret_cast<float*>(mi_smem + {off}); // the cluster merge's receive area");
@@ -2336,14 +2350,29 @@ impl Ctx<'_> {
         };
         s.push_str("mi::cluster_wait(); // every block of the cluster has started\nif (mi::cluster_rank() != 0) {\n");
         let mut gather = String::new();
+        let mut bytes = 0;
         for &t in ts {
             let (n, at) = (numel(self.dims(t)), self.slot_offset(t));
-            wl!(s, "  mi::cluster_push<NT>(t{t}, mi_recv + {at}, {slot}, {n});");
+            if self.async_push {
+                wl!(s, "  mi::cluster_push_async<NT>(t{t}, mi_recv + {at}, {slot}, {n}, mi_merge_bar);");
+            } else {
+                wl!(s, "  mi::cluster_push<NT>(t{t}, mi_recv + {at}, {slot}, {n});");
+            }
             wl!(gather, "mi::cluster_gather<NT, {}>(t{t}, mi_recv + {at}, {slot}, {n});", self.cluster);
+            bytes += n * 4;
         }
-        s.push_str(
-            "  mi::cluster_arrive_release();\n  return;\n}\nmi::cluster_arrive_relaxed();\nmi::cluster_wait();\n",
-        );
+        if self.async_push {
+            wl!(
+                s,
+                "  return;\n}}\nif (tid == 0) mi::cluster_merge_arm(mi_merge_bar, {}u);",
+                (self.cluster - 1) * bytes
+            );
+            s.push_str("mi::mbar_wait(mi_merge_bar, 0);\n");
+        } else {
+            s.push_str(
+                "  mi::cluster_arrive_release();\n  return;\n}\nmi::cluster_arrive_relaxed();\nmi::cluster_wait();\n",
+            );
+        }
         if !self.lazy {
             s.push_str(&gather);
             s.push_str("__syncthreads();\n");

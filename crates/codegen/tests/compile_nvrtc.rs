@@ -260,22 +260,29 @@ fn cluster_split_attention_compiles() {
 }
 
 #[test]
-fn lazy_cluster_merges_compile() {
-    // `Options::lazy_merge` on the summing cluster splits (RMSNorm+Linear, gated MLP; f16 and
-    // bf16): the epilogue reads the receive area.
+fn lazy_and_gathering_cluster_merges_compile() {
+    // `Options::lazy_merge` on and off on the summing cluster splits (RMSNorm+Linear, gated
+    // MLP; f16 and bf16): the lazy epilogue reads the receive area, the gathering one does not;
+    // the pushes with st.async onto an mbarrier (`Options::async_push`) beside the first, plain
+    // stores released on the cluster barrier beside the second.
     if !setup() {
         return;
     }
-    let lazy = Options { lazy_merge: true, ..Options::for_arch(90) };
-    for dt in [DType::Float16, DType::Bfloat16] {
-        for pair in
-            [zoo::rmsnorm_linear(4, 1024, 512, 8, 16, dt).unwrap(), zoo::gated_mlp(4, 1024, 512, 8, 16, dt).unwrap()]
-        {
-            let p = generate(&pair.ugraph, &lazy).unwrap();
-            assert!(p.source.contains(" + mi_recv["), "{}", p.source);
-            assert_waits_first("lazy merge", &p);
-            if let Err(e) = nvrtc::compile(&p.source, 90) {
-                panic!("lazy cluster merge ({}) failed to compile: {e}", dt.name());
+    for lazy in [true, false] {
+        let opts = Options { lazy_merge: lazy, async_push: lazy, ..Options::for_arch(90) };
+        for dt in [DType::Float16, DType::Bfloat16] {
+            for pair in [
+                zoo::rmsnorm_linear(4, 1024, 512, 8, 16, dt).unwrap(),
+                zoo::gated_mlp(4, 1024, 512, 8, 16, dt).unwrap(),
+            ] {
+                let p = generate(&pair.ugraph, &opts).unwrap();
+                assert_eq!(p.source.contains(" + mi_recv["), lazy, "{}", p.source);
+                assert_eq!(p.source.contains("mi::cluster_gather<NT, "), !lazy, "{}", p.source);
+                assert_eq!(p.source.contains("mi::cluster_push_async<NT>("), lazy, "{}", p.source);
+                assert_waits_first("cluster merge", &p);
+                if let Err(e) = nvrtc::compile(&p.source, 90) {
+                    panic!("cluster merge (lazy {lazy}, {}) failed to compile: {e}", dt.name());
+                }
             }
         }
     }

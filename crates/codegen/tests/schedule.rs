@@ -14,7 +14,12 @@ fn kernel_source(g: &KernelGraph) -> String {
 
 /// The source of the first customized kernel of `g` for `arch`.
 fn kernel_source_for(g: &KernelGraph, arch: u32) -> String {
-    let p = generate(g, &Options::for_arch(arch)).expect("generates");
+    kernel_source_with(g, &Options::for_arch(arch))
+}
+
+/// The source of the first customized kernel of `g` under `opts`.
+fn kernel_source_with(g: &KernelGraph, opts: &Options) -> String {
+    let p = generate(g, opts).expect("generates");
     let k = p.kernels.iter().find(|k| k.name.contains("customized")).expect("a customized kernel");
     let start = p.source.find("// block graph:").expect("kernels");
     let at = p.source[start..].find(&k.name).map(|i| start + i).expect("kernel in the source");
@@ -500,11 +505,13 @@ fn a_cluster_split_pushes_the_sums_into_its_first_block_which_alone_waits() {
     // on the cluster barrier (whose first phase, arrived at the start, orders the pushes after
     // every block has started), adds them, and only then takes the rms (a square root of the
     // whole sum, not of each block's part). The receive area overlaps none of the stages: a
-    // block may push while the first one still loops.
+    // block may push while the first one still loops. (The gathering merge,
+    // `Options::lazy_merge` off; the lazy one, the default, is the next test's.)
     let pair = zoo::rmsnorm_linear(4, 1024, 512, 8, 16, DType::Float16).expect("zoo");
-    let p = generate(&pair.ugraph, &Options::for_arch(90)).expect("generates");
+    let eager = Options { lazy_merge: false, async_push: false, ..Options::for_arch(90) };
+    let p = generate(&pair.ugraph, &eager).expect("generates");
     let k = p.kernels.iter().find(|k| k.cluster != [1; 3]).unwrap_or_else(|| panic!("{}", p.launch_summary()));
-    let src = kernel_source(&pair.ugraph);
+    let src = kernel_source_with(&pair.ugraph, &eager);
     let loop_at = src.find("for (int it = 0;").expect("a loop");
     assert!(src[..loop_at].contains("mi::cluster_arrive_relaxed();"), "{src}");
     let after = &src[src.rfind("mi::cp_async_wait<0>();").expect("the final wait")..];
@@ -548,8 +555,9 @@ fn a_lazy_cluster_merge_adds_the_other_blocks_sums_where_the_epilogue_reads_them
     // `Options::lazy_merge`: RMSNorm + Linear split across clusters as above, but the first
     // block neither gathers the pushed sums nor takes the rms in passes of their own: its
     // epilogue reads each element as its own sum plus the receive area's, and the rms as the
-    // root of the summed squares over the row. Gated MLP likewise, without a division.
-    let lazy = Options { lazy_merge: true, ..Options::for_arch(90) };
+    // root of the summed squares over the row. Gated MLP likewise, without a division. The
+    // default.
+    let lazy = Options::for_arch(90);
     for (pair, divided) in [
         (zoo::rmsnorm_linear(4, 1024, 512, 8, 16, DType::Float16).expect("zoo"), true),
         (zoo::gated_mlp(4, 1024, 512, 8, 16, DType::Float16).expect("zoo"), false),
@@ -557,16 +565,61 @@ fn a_lazy_cluster_merge_adds_the_other_blocks_sums_where_the_epilogue_reads_them
         let p = generate(&pair.ugraph, &lazy).expect("generates");
         let start = p.source.find("// block graph:").expect("kernels");
         let src = &p.source[start..];
-        assert!(src.contains("mi::cluster_push<NT>("), "{src}");
+        assert!(src.contains("mi::cluster_push_async<NT>("), "{src}");
         assert!(!src.contains("mi::cluster_gather<") && !src.contains("] = sqrtf("), "{src}");
         assert_eq!(src.matches("float* const mi_recv = ").count(), 1, "{src}");
-        let epilogue = &src[src.find("mi::cluster_arrive_relaxed();\n  mi::cluster_wait();").expect("the wait")..];
+        let epilogue = &src[src.find("mi::mbar_wait(mi_merge_bar, 0);").expect("the wait")..];
         assert!(epilogue.contains(" + mi_recv["), "{epilogue}");
         assert_eq!(epilogue.contains("sqrtf(("), divided, "{epilogue}");
-        // The default merge is the eager one.
-        let eager = generate(&pair.ugraph, &Options::for_arch(90)).expect("generates").source;
+        // Without it, the gathering merge.
+        let eager = Options { lazy_merge: false, ..Options::for_arch(90) };
+        let eager = generate(&pair.ugraph, &eager).expect("generates").source;
         assert!(eager.contains("mi::cluster_gather<"), "{eager}");
     }
+}
+
+#[test]
+fn a_cluster_merge_pushes_with_st_async_onto_an_mbarrier_of_the_first_block() {
+    // `Options::async_push` (the default): the other blocks send their tiles with st.async
+    // completing on an mbarrier after the first block's receive area (initialised by one
+    // thread before the barrier's first phase, which the pushes wait for); the first block
+    // arms it with every slot's bytes and waits on it alone: no cluster barrier after the
+    // start, no release arrival.
+    let pair = zoo::rmsnorm_linear(4, 1024, 512, 8, 16, DType::Float16).expect("zoo");
+    let p = generate(&pair.ugraph, &Options::for_arch(90)).expect("generates");
+    let k = p.kernels.iter().find(|k| k.cluster != [1; 3]).unwrap_or_else(|| panic!("{}", p.launch_summary()));
+    let cs = k.cluster.iter().product::<u32>() as usize;
+    let src = kernel_source(&pair.ugraph);
+    let pos = |pat: &str| src.find(pat).unwrap_or_else(|| panic!("{pat} in {src}"));
+    let num = |t: &str| t.trim().trim_end_matches('u').parse::<usize>().unwrap_or_else(|_| panic!("`{t}` in {src}"));
+    let after = |pat: &str| num(src[pos(pat) + pat.len()..].split(')').next().unwrap_or(""));
+    let (init, started, loop_at) = (
+        pos("if (mi::cluster_rank() == 0 && tid == 0) mi::cluster_merge_init(mi_merge_bar);"),
+        pos("mi::cluster_arrive_relaxed(); // its merge"),
+        pos("for (int it = 0;"),
+    );
+    assert!(init < started && started < loop_at, "{src}");
+    // The mbarrier sits right after the slots ([4, 64] tile and 4 sums a block), in bounds.
+    let (recv, bar) = (
+        after("mi_recv = reinterpret_cast<float*>(mi_smem + "),
+        after("mi_merge_bar = reinterpret_cast<unsigned long long*>(mi_smem + "),
+    );
+    let slot = 4 * 64 + 4;
+    assert_eq!(bar, recv + (cs - 1) * slot * 4, "{src}");
+    assert!(bar % 8 == 0 && bar + 8 <= k.smem_bytes, "{bar} of {}: {src}", k.smem_bytes);
+    assert_eq!(src.matches("mi::cluster_push_async<NT>(").count(), 2, "{src}");
+    assert_eq!(after("mi::cluster_merge_arm(mi_merge_bar, "), (cs - 1) * slot * 4, "{src}");
+    let merge = &src[pos("mi::cluster_wait(); // every block")..];
+    let (pushes, left, armed, waited) = (
+        pos("mi::cluster_push_async<NT>(t"),
+        pos("mi::cluster_push_async<NT>(t")
+            + src[pos("mi::cluster_push_async<NT>(t")..].find("return;").unwrap_or(usize::MAX),
+        pos("if (tid == 0) mi::cluster_merge_arm("),
+        pos("mi::mbar_wait(mi_merge_bar, 0);"),
+    );
+    assert!(pushes < left && left < armed && armed < waited, "{src}");
+    assert!(!merge.contains("mi::cluster_arrive") && !merge.contains("mi::cluster_push<"), "{merge}");
+    assert_eq!(merge.matches("mi::cluster_wait();").count(), 1, "{merge}");
 }
 
 #[test]

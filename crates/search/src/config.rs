@@ -51,11 +51,14 @@ pub struct VerifyOptions {
     /// GPU the model's cheapest verified candidate is chosen, so the default checks by launch
     /// shape only.
     pub spread: bool,
+    /// Add co-resident twins of the first verified candidates (`BlockGraph::smem_cap`), for
+    /// a GPU to time beside them; off by default (without a GPU the model chooses).
+    pub co_resident: bool,
 }
 
 impl Default for VerifyOptions {
     fn default() -> Self {
-        VerifyOptions { top_n: 8, trials: 3, tolerance: 1e-6, seed: 0x5eed, spread: false }
+        VerifyOptions { top_n: 8, trials: 3, tolerance: 1e-6, seed: 0x5eed, spread: false, co_resident: false }
     }
 }
 

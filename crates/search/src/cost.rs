@@ -127,13 +127,9 @@ pub fn block_graph_cost(bg: &BlockGraph, m: &CostModel) -> Cost {
     }
 }
 
-/// Cost of one launch of `bg` whose outputs are written by one block in `cs` (the rest of a
-/// cluster merge into it).
-fn launch_cost(bg: &BlockGraph, m: &CostModel, cs: u64) -> Cost {
-    let blocks = bg.num_blocks() as u64;
-    let f = bg.forloop_range as u64;
-    let mut c = Cost { launches: 1, shared_memory: bg.shared_memory_upper_bound(), ..Cost::default() };
-    let mut flops_per_block = 0u64;
+/// The bytes of one pipeline stage of `bg`'s per-iteration input tiles and of its other tiles
+/// (each counted whole, none sharing memory): the sizes [`BlockGraph::pipeline_stages`] takes.
+pub fn stage_bytes(bg: &BlockGraph) -> (usize, usize) {
     let (mut staged, mut other) = (0usize, 0usize);
     for t in &bg.tensors {
         other += numel(&t.dims) as usize * t.dtype.size_bytes();
@@ -148,6 +144,17 @@ fn launch_cost(bg: &BlockGraph, m: &CostModel, cs: u64) -> Cost {
             }
         }
     }
+    (staged, other)
+}
+
+/// Cost of one launch of `bg` whose outputs are written by one block in `cs` (the rest of a
+/// cluster merge into it).
+fn launch_cost(bg: &BlockGraph, m: &CostModel, cs: u64) -> Cost {
+    let blocks = bg.num_blocks() as u64;
+    let f = bg.forloop_range as u64;
+    let mut c = Cost { launches: 1, shared_memory: bg.shared_memory_upper_bound(), ..Cost::default() };
+    let mut flops_per_block = 0u64;
+    let (staged, other) = stage_bytes(bg);
     let stages = bg.pipeline_stages(staged, other);
     for op in &bg.ops {
         let times = match op.outputs.first().map(|&t| bg.tensors[t].phase) {

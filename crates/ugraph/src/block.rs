@@ -31,6 +31,10 @@ pub const ONE_WAVE_BLOCKS: usize = 132;
 /// The pipelining budget of a one-wave grid: deeper pipelines keep more loads in flight
 /// (within the 163 KiB an A100 block may opt into).
 pub const ONE_WAVE_SMEM_BUDGET: usize = 160 * 1024;
+/// Shared memory of a block that leaves room for a second one on an SM (228 KiB an H100 or
+/// H200 SM, less 1 KiB reserved per block, halved): the cap of a co-resident twin
+/// ([`BlockGraph::smem_cap`]).
+pub const CO_RESIDENT_SMEM: usize = 113 * 1024;
 /// Most blocks of one thread-block cluster that share a block's for-loop
 /// ([`BlockGraph::cluster_split`]).
 pub const MAX_CLUSTER_SPLIT: usize = 8;
@@ -208,6 +212,12 @@ pub struct BlockGraph {
     pub ops: Vec<BlockOp>,
     /// Tensors, indexed by [`STensorId`].
     pub tensors: Vec<STensor>,
+    /// A cap on the shared memory the loop's pipeline stages may take
+    /// ([`BlockGraph::pipeline_budget`]); None: the grid's budget. The search's co-resident
+    /// twin of a one-wave streaming kernel sets [`CO_RESIDENT_SMEM`], so that the next call's
+    /// blocks fit beside this call's and prefetch while it drains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smem_cap: Option<usize>,
 }
 
 const AXES: [&str; 3] = ["x", "y", "z"];
@@ -234,7 +244,24 @@ impl BlockGraph {
         if reduction_dimx == 0 {
             return invalid(op, "reduction_dimx must be at least 1");
         }
-        Ok(BlockGraph { grid_dim, block_dim, forloop_range, reduction_dimx, ops: Vec::new(), tensors: Vec::new() })
+        Ok(BlockGraph {
+            grid_dim,
+            block_dim,
+            forloop_range,
+            reduction_dimx,
+            ops: Vec::new(),
+            tensors: Vec::new(),
+            smem_cap: None,
+        })
+    }
+
+    /// Sets [`BlockGraph::smem_cap`] (None: the grid's budget); a cap of zero is an error.
+    pub fn set_smem_cap(&mut self, cap: Option<usize>) -> Result<()> {
+        if cap == Some(0) {
+            return invalid("smem_cap", "a shared-memory cap must be at least 1 byte");
+        }
+        self.smem_cap = cap;
+        Ok(())
     }
 
     /// Number of thread blocks in the grid.
@@ -243,9 +270,10 @@ impl BlockGraph {
     }
 
     /// Shared memory up to which the loop's input tiles are multi-buffered
-    /// ([`pipeline_budget`] of the grid's block count).
+    /// ([`pipeline_budget`] of the grid's block count, within [`BlockGraph::smem_cap`]).
     pub fn pipeline_budget(&self) -> usize {
-        pipeline_budget(self.num_blocks())
+        let b = pipeline_budget(self.num_blocks());
+        self.smem_cap.map_or(b, |c| c.min(b))
     }
 
     /// Pipeline stages the code generator gives the per-iteration input tiles: up to

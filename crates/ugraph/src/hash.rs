@@ -4,8 +4,9 @@
 //! A graph input's digest covers its position, dims, dtype and strides; an op output's digest
 //! covers the op kind with its parameters, the digests of its operands in order and the output
 //! index; a customized op hashes its block graph the same way (block inputs by position) with
-//! the launch parameters and output maps. The graph digest covers the inputs in order and the
-//! outputs ([`KernelGraph::output_ids`]) in order with their strides.
+//! the launch parameters, the shared-memory cap (where set) and output maps. The graph digest
+//! covers the inputs in order and the outputs ([`KernelGraph::output_ids`]) in order with
+//! their strides.
 
 use sha2::{Digest as _, Sha256};
 
@@ -172,6 +173,9 @@ fn block_digest(b: &BlockGraph) -> Digest {
     }
     let mut h = H::new("block");
     h.usizes(&b.grid_dim).usizes(&b.block_dim).u64(b.forloop_range as u64).u64(b.reduction_dimx as u64);
+    if let Some(cap) = b.smem_cap {
+        h.str("smem_cap").u64(cap as u64);
+    }
     for list in [&inputs, &outputs] {
         h.u64(list.len() as u64);
         list.iter().for_each(|d| {

@@ -382,6 +382,7 @@ impl BlockGraph {
     /// Rebuilds this block graph through the checked builder.
     pub fn revalidate(&self) -> Result<BlockGraph> {
         let mut b = BlockGraph::new(self.grid_dim, self.block_dim, self.forloop_range, self.reduction_dimx)?;
+        b.set_smem_cap(self.smem_cap)?;
         for op in &self.ops {
             let ins = &op.inputs;
             for &i in ins {

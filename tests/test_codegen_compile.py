@@ -159,6 +159,7 @@ def test_cuda_sass_lists_each_kernels_instructions(monkeypatch):
         ("MIRAGE_WS_WARPGROUPS", ("2", "3", " 3 ", ""), "4", 'must be 2 or 3, got "4"'),
         ("MIRAGE_LAZY_MERGE", ("0", "1", " 1 ", ""), "yes", 'must be 0 or 1, got "yes"'),
         ("MIRAGE_ASYNC_PUSH", ("0", "1", " 0 ", ""), "on", 'must be 0 or 1, got "on"'),
+        ("MIRAGE_WGMMA_ACC", ("0", "1", ""), "2", 'must be 0 or 1, got "2"'),
     ],
 )
 def test_codegen_settings_from_the_environment_are_checked(monkeypatch, var, good, bad, message):

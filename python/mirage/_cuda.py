@@ -23,7 +23,11 @@ forces one form everywhere. Another value raises ValueError.
 
 The first block of a summing cluster split adds the other blocks' sums where its epilogue
 reads them, instead of in a pass of its own; ``MIRAGE_LAZY_MERGE=0`` (read likewise; ``1`` or
-unset: the default) gathers them first. Another value raises ValueError.
+unset: the default) gathers them first. The other blocks send their sums with ``st.async``
+onto an mbarrier of the first block; ``MIRAGE_ASYNC_PUSH=0`` stores them and releases them on
+the cluster barrier instead. ``MIRAGE_WGMMA_ACC=1`` (``0`` or unset: off) sums loop matmuls of
+64 columns and at most 64 rows on the warpgroup tensor cores (sm_90): an experiment not yet
+run on a GPU. Another value of these raises ValueError.
 
 On sm_90 and later the kernels are launched as programmatic dependents of the previous kernel
 in the stream: each may be scheduled while that one drains, and waits for it to finish before

@@ -175,6 +175,31 @@ def test_cluster_split_sums_against_interpreter(name, params, dtype):
     check(ug, dtype, inputs=cpu)
 
 
+#: Loop matmuls of 64 columns a block, 2 to 32 rows, one and two warpgroups, with and
+#: without a cluster split (8 blocks on sm_90): `mi::MmaAccWG` under MIRAGE_WGMMA_ACC=1.
+WARPGROUP_MATMULS = [
+    ("rmsnorm_linear", [2, 1024, 512, 8, 4], 128),
+    ("rmsnorm_linear", [32, 1024, 512, 8, 4], 256),
+    ("gated_mlp", [16, 1024, 512, 8, 4], 128),
+    ("rmsnorm_linear", [32, 4096, 6144, 96, 16], 256),
+]
+
+
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16])
+@pytest.mark.parametrize("name,params,threads", WARPGROUP_MATMULS)
+def test_warpgroup_loop_matmuls_against_interpreter(name, params, threads, dtype, monkeypatch):
+    monkeypatch.setenv("MIRAGE_WGMMA_ACC", "1")
+    _, ug = _zoo(name, dtype.name, params)
+    data = json.loads(ug.to_json())
+    for op in data["graph"]["ops"]:
+        if op["kind"]["kind"] == "customized":
+            op["kind"]["graph"]["block_dim"] = [threads, 1, 1]
+    ug = mi.from_json(json.dumps(data))
+    src, _ = _core.cuda_generate(ug._core, _cuda.default_arch())
+    assert "mi::MmaAccWG<NT, 1, " in src, src
+    check(ug, dtype, inputs=_inputs(ug, 5, scale=0.5))
+
+
 def _block_graph(dtype: mi.DType, threads: int):
     g = mi.new_kernel_graph()
     X = g.new_input((8, 64), dtype=dtype)

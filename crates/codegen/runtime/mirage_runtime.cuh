@@ -1996,6 +1996,108 @@ __device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[4][4], unsigned lo
 #endif
 }
 
+// `MmaAcc` on the warpgroup tensor cores (`Knobs::wgmma_acc`, an experiment; sm_90a): C = sum
+// over iterations of A B, A [M <= 64, K] from registers (rows past M read as zero), B [K, 64]
+// by descriptor, stored MN-major with the 128-byte swizzle (`swz<64, 8>`, 1024-byte aligned).
+// The rows (padded to 64) are the wgmma's M, the 64 columns its N: warpgroup g of the NT / 128
+// takes k-steps g, g + WG, ... of every iteration, one m64n64k16 each, so `finish` adds WG
+// slices of M x 64 floats instead of `MmaAcc`'s up to 8 of every fragment (RMSNorm+Linear
+// b=16: 64 KB through shared memory, 0.9 us on the H200). Each iteration waits for its
+// wgmma (the stage is overwritten after the next barrier); the loop makes its copies
+// visible to the tensor cores (`fence_proxy_async`) before its barrier.
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWB = false, bool SWA = false>
+struct MmaAccWG {
+  static_assert(MI_WGMMA, "MmaAccWG needs sm_90a (wgmma)");
+  static_assert(BATCH == 1 && N == 64 && LDB == 64 && SWB && M <= 64 && K % 16 == 0 && NT % 128 == 0,
+                "MmaAccWG: one 64-column swizzled B, at most 64 rows, whole warpgroups");
+  static constexpr int WG = NT / 128, KSTEPS = K / 16, MT = (M + 15) / 16;
+  static constexpr bool A_LDSM = M % 16 == 0 && LDA % 8 == 0;
+  // Floats of shared scratch `finish` needs: every warpgroup but the first's M x 64 sums.
+  static constexpr int SCRATCH = (WG - 1) * M * 64;
+  float d[8][4];
+
+  __device__ __forceinline__ MmaAccWG() {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
+  }
+
+  // One iteration: this warpgroup's k-steps of A B. Its A fragments are loaded first, then
+  // one wgmma.fence orders them (and the accumulators) before the wgmma that read them.
+  static constexpr int NS = (KSTEPS + WG - 1) / WG;
+  __device__ __forceinline__ void step(const T* A, const T* B) {
+    const int t = lin_tid(), g = t >> 7, w = (t >> 5) & 3, lane = t & 31;
+    const unsigned lo = wg_desc_lo((unsigned)__cvta_generic_to_shared(B));
+    unsigned a[NS][4];
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int s = g + i * WG;
+      a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0u;
+      if (w < MT && s < KSTEPS) a_frag<M, LDA, A_LDSM, T, SWA>(a[i], A, w, s * 16, lane);
+    }
+    wg_fence();
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const int s = g + i * WG;
+      if (KSTEPS % WG != 0 && s >= KSTEPS) break;  // the same for the whole warpgroup
+      wgmma_m64n64k16<T>(d, a[i], wg_desc_sw128(lo + (unsigned)s * 128u), 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+  }
+
+  // After the loop: C = this block's sums (ref(c): element c = m * 64 + n of C, a float&).
+  // Warpgroups 1.. store their rows below M to `scratch`; after one barrier the first adds
+  // them in order. Call from every thread; the caller orders what follows.
+  template <class Ref>
+  __device__ __forceinline__ void finish(float* scratch, Ref ref) {
+    const int t = lin_tid(), g = t >> 7, w = (t >> 5) & 3, lane = t & 31;
+    const int r0 = w * 16 + (lane >> 2), r1 = r0 + 8;
+    if constexpr (WG > 1) {
+      if (g > 0) {
+        float* const mine = scratch + (g - 1) * M * 64;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int c0 = j * 8 + (lane & 3) * 2;
+          if (r0 < M) *reinterpret_cast<float2*>(mine + r0 * 64 + c0) = make_float2(d[j][0], d[j][1]);
+          if (r1 < M) *reinterpret_cast<float2*>(mine + r1 * 64 + c0) = make_float2(d[j][2], d[j][3]);
+        }
+      }
+      __syncthreads();
+      if (g > 0) return;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int c0 = j * 8 + (lane & 3) * 2;
+#pragma unroll
+        for (int o = 1; o < WG; ++o) {
+          const float* const other = scratch + (o - 1) * M * 64;
+          if (r0 < M) {
+            const float2 u = *reinterpret_cast<const float2*>(other + r0 * 64 + c0);
+            d[j][0] += u.x;
+            d[j][1] += u.y;
+          }
+          if (r1 < M) {
+            const float2 u = *reinterpret_cast<const float2*>(other + r1 * 64 + c0);
+            d[j][2] += u.x;
+            d[j][3] += u.y;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int c0 = j * 8 + (lane & 3) * 2;
+      if (r0 < M) {
+        ref(r0 * 64 + c0) = d[j][0];
+        ref(r0 * 64 + c0 + 1) = d[j][1];
+      }
+      if (r1 < M) {
+        ref(r1 * 64 + c0) = d[j][2];
+        ref(r1 * 64 + c0 + 1) = d[j][3];
+      }
+    }
+  }
+};
+
 // Pins an accumulator's registers at this point of the program (the hardware writes them
 // asynchronously until `wg_wait`; the compiler must not move their reads or writes across).
 template <int NF>

@@ -131,6 +131,8 @@ struct Ctx<'a> {
     lazy: bool,
     /// The merge's pushes complete on an mbarrier after the receive area (`Knobs::async_push`).
     async_push: bool,
+    /// Per op: a loop matmul summed on the warpgroup tensor cores (`Knobs::wgmma_acc`).
+    wg_acc: Vec<bool>,
     /// Per op: the shared scratch (byte offset, bytes) of the `finish` of its register
     /// accumulator (`mi::MmaAcc` of a loop matmul's accumulator, `mi::RowSumAcc`).
     acc_scratch: Vec<Option<(usize, usize)>>,
@@ -208,6 +210,9 @@ pub(crate) struct Knobs {
     /// (`mi::cluster_push_async`), and the first block waits on that alone, instead of on the
     /// cluster barrier their release-arrivals complete.
     pub async_push: bool,
+    /// Loop matmuls summed in registers take the warpgroup tensor cores (`mi::MmaAccWG`)
+    /// where they fit ([`wg_acc_fits`]; sm_90 only): an experiment, off by default.
+    pub wgmma_acc: bool,
 }
 
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
@@ -1025,6 +1030,15 @@ fn emit_with(
     }
 
     let flash_end = steps.iter().position(|(_, st)| *st == Step::FlashEnd);
+    // Loop matmuls summed on the warpgroup tensor cores (`Knobs::wgmma_acc`), and their B tiles.
+    let wg_acc: Vec<bool> = (0..n_ops)
+        .map(|j| {
+            knobs.wgmma_acc
+                && steps.iter().any(|&(_, st)| matches!(st, Step::MatAcc { op, .. } if op == j))
+                && wg_acc_fits(bg, nt, j, &layout, &storage)
+        })
+        .collect();
+    let wg_b: Vec<STensorId> = (0..n_ops).filter(|&j| wg_acc[j]).map(|j| bg.ops[j].inputs[1]).collect();
     // Scratch of the register accumulators' finishes (live at their one step): (step, op, bytes).
     let acc_scratch: Vec<(usize, usize, usize)> = steps
         .iter()
@@ -1035,7 +1049,11 @@ fn emit_with(
                     let m = accumulated_matmul(bg, acc)?;
                     let (da, db) = (&bg.tensors[bg.ops[m].inputs[0]].dims, &bg.tensors[bg.ops[m].inputs[1]].dims);
                     let r = da.len();
-                    (acc, mma_acc_scratch(nt, numel(&da[..r - 2]), da[r - 2], db[r - 1], da[r - 1]))
+                    if wg_acc[m] {
+                        (acc, (nt / 128 - 1) * da[r - 2] * 64)
+                    } else {
+                        (acc, mma_acc_scratch(nt, numel(&da[..r - 2]), da[r - 2], db[r - 1], da[r - 1]))
+                    }
                 }
                 Step::Finalize { op } => {
                     // Only what `Ctx::sum_acc` may keep in registers: a 16-bit loop tile's rows.
@@ -1098,7 +1116,7 @@ fn emit_with(
                     let wg_tile = fr.as_ref().is_some_and(|f| f.wg.is_some() && (t == f.k || t == f.v || t == f.q));
                     // Swizzled rows sit on whole 128-byte lines (their copies' and ldmatrix's
                     // bank pattern assumes it).
-                    let align = if wg_tile {
+                    let align = if wg_tile || wg_b.contains(&t) {
                         WG_ALIGN
                     } else if layout[t].is_some_and(|l| l.swz.is_some()) {
                         SWZ_ALIGN
@@ -1207,6 +1225,7 @@ fn emit_with(
         recv,
         lazy,
         async_push: knobs.async_push,
+        wg_acc: wg_acc.clone(),
         acc_scratch: acc_scratch_at,
         ws: None,
         ws3,
@@ -1241,6 +1260,28 @@ fn finalized(k: &BlockOpKind) -> bool {
 fn accumulated_matmul(bg: &BlockGraph, acc: usize) -> Option<usize> {
     let x = bg.ops[acc].inputs[0];
     bg.ops.iter().position(|o| matches!(o.kind, BlockOpKind::Matmul) && o.outputs[0] == x)
+}
+
+/// Whether loop matmul `op` fits `mi::MmaAccWG`: one batch item of at most 64 rows of a
+/// 16-bit A (rows of an even pitch) times a 16-bit B of 64 columns stored unpadded with the
+/// 128-byte swizzle (`swz<64, 8>`, no column blocks), K a multiple of 16, whole warpgroups.
+fn wg_acc_fits(bg: &BlockGraph, nt: usize, op: usize, layout: &[Option<Layout>], storage: &[Option<Storage>]) -> bool {
+    let o = &bg.ops[op];
+    if !matches!(o.kind, BlockOpKind::Matmul) || !nt.is_multiple_of(128) {
+        return false;
+    }
+    let (a, b) = (o.inputs[0], o.inputs[1]);
+    let (da, db) = (&bg.tensors[a].dims, &bg.tensors[b].dims);
+    let r = da.len();
+    let half = |t: STensorId| storage[t].is_some_and(|st| st != Storage::F32);
+    numel(&da[..r - 2]) == 1
+        && da[r - 2] <= 64
+        && da[r - 1].is_multiple_of(16)
+        && db[r - 1] == 64
+        && half(a)
+        && half(b)
+        && layout[a].is_none_or(|l| l.ld.is_multiple_of(2))
+        && layout[b].is_some_and(|l| l.swz == Some(8) && !l.blocks && l.ld == 64)
 }
 
 /// Floats of shared scratch that `mi::MmaAcc::finish` takes (its `SCRATCH`, by its `pick_ks`):
@@ -1716,7 +1757,8 @@ impl Ctx<'_> {
             (true, false) => ", true".to_string(),
             (false, false) => String::new(),
         };
-        format!("mi::MmaAcc<NT, {}, {ty}{flags}>", self.mm_shape(op))
+        let acc = if self.wg_acc[op] { "MmaAccWG" } else { "MmaAcc" };
+        format!("mi::{acc}<NT, {}, {ty}{flags}>", self.mm_shape(op))
     }
 
     /// Shared-memory element `idx` (row-major over the tile's dims) of tile `t`, through its
@@ -1957,7 +1999,8 @@ impl Ctx<'_> {
             "mi::dep_enter();"
         };
         s.push_str(&kernel_open_with(&bounds, name, &params, self.nt, &self.prefetches(steps), wait));
-        wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wg.is_some() { WG_ALIGN } else { 16 });
+        let wgmma = wg.is_some() || self.wg_acc.contains(&true);
+        wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wgmma { WG_ALIGN } else { 16 });
         wl!(s, "  constexpr int NT = {};", self.nt);
         if self.ws3 {
             wl!(s, "  constexpr int NC = {}; // consumers: NT and a third attention warpgroup", self.consumers());
@@ -2155,7 +2198,7 @@ impl Ctx<'_> {
                         // K (a step ahead); its tiles are then made visible to the tensor cores'
                         // (async-proxy) reads.
                         wl!(s, "    mi::cp_async_wait<{}>();", n_stages - if self.wg_lookahead() { 3 } else { 2 });
-                        if wg.is_some() {
+                        if wgmma {
                             wl!(s, "    mi::fence_proxy_async();");
                         }
                         wl!(s, "    __syncthreads();");
@@ -2187,7 +2230,7 @@ impl Ctx<'_> {
                         }
                         wl!(s, "    mi::cp_async_commit();");
                         wl!(s, "    mi::cp_async_wait<0>();");
-                        if wg.is_some() {
+                        if wgmma {
                             wl!(s, "    mi::fence_proxy_async();");
                         }
                         wl!(s, "    __syncthreads();");

@@ -34,6 +34,10 @@ pub struct Options {
     /// an mbarrier of the first block, instead of stores released on the cluster barrier
     /// (`block_kernel::Knobs::async_push`; on by default).
     pub async_push: bool,
+    /// Loop matmuls summed in registers take the warpgroup tensor cores where they fit, on
+    /// sm_90 (`block_kernel::Knobs::wgmma_acc`; `MIRAGE_WGMMA_ACC=1`): an experiment, off by
+    /// default, not yet run on a GPU.
+    pub wgmma_acc: bool,
 }
 
 /// Consumer warpgroups of the interleaved warp-specialised attention loop (64 query rows a
@@ -55,7 +59,14 @@ impl Options {
     /// Options for `arch` with no shared-memory check and the attention warpgroups chosen per
     /// region ([`WsWarpgroups::Auto`]).
     pub fn for_arch(arch: u32) -> Self {
-        Options { arch, smem_limit: None, ws_warpgroups: WsWarpgroups::Auto, lazy_merge: true, async_push: true }
+        Options {
+            arch,
+            smem_limit: None,
+            ws_warpgroups: WsWarpgroups::Auto,
+            lazy_merge: true,
+            async_push: true,
+            wgmma_acc: false,
+        }
     }
 
     /// [`Self::for_arch`] with the attention warpgroups and the cluster merge the environment
@@ -63,21 +74,23 @@ impl Options {
     pub fn for_arch_from_env(arch: u32) -> Result<Self> {
         Ok(Options {
             ws_warpgroups: Self::ws_warpgroups_from_env()?,
-            lazy_merge: Self::flag_from_env("MIRAGE_LAZY_MERGE")?,
-            async_push: Self::flag_from_env("MIRAGE_ASYNC_PUSH")?,
+            lazy_merge: Self::flag_from_env("MIRAGE_LAZY_MERGE", true)?,
+            async_push: Self::flag_from_env("MIRAGE_ASYNC_PUSH", true)?,
+            wgmma_acc: Self::flag_from_env("MIRAGE_WGMMA_ACC", false)?,
             ..Self::for_arch(arch)
         })
     }
 
-    /// A setting on by default that environment variable `var` may turn off:
-    /// `MIRAGE_LAZY_MERGE` (0: the gathering cluster merge), `MIRAGE_ASYNC_PUSH` (0: the
-    /// merge's pushes released on the cluster barrier). 1, unset or empty: on; any other value
-    /// is an error naming the variable.
-    pub fn flag_from_env(var: &str) -> Result<bool> {
+    /// A setting environment variable `var` may turn on (1) or off (0), `default` when unset
+    /// or empty: `MIRAGE_LAZY_MERGE` (0: the gathering cluster merge), `MIRAGE_ASYNC_PUSH` (0:
+    /// the merge's pushes released on the cluster barrier), `MIRAGE_WGMMA_ACC` (1: loop
+    /// matmuls on the warpgroup tensor cores). Any other value is an error naming the variable.
+    pub fn flag_from_env(var: &str, default: bool) -> Result<bool> {
         let v = std::env::var(var).unwrap_or_default();
         match v.trim() {
             "0" => Ok(false),
-            "" | "1" => Ok(true),
+            "1" => Ok(true),
+            "" => Ok(default),
             other => Err(Error::Unsupported(format!("{var} must be 0 or 1, got {other:?}"))),
         }
     }
@@ -230,6 +243,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                     wgs: opts.ws_warpgroups,
                     lazy_merge: opts.lazy_merge,
                     async_push: opts.async_push,
+                    wgmma_acc: opts.wgmma_acc && opts.arch == 90,
                 };
                 let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch, knobs)?;
                 let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);

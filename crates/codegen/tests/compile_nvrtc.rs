@@ -288,6 +288,38 @@ fn lazy_and_gathering_cluster_merges_compile() {
     }
 }
 
+#[test]
+fn warpgroup_loop_matmuls_compile() {
+    // `Options::wgmma_acc` (an experiment): RMSNorm+Linear and gated MLP with 64 columns a
+    // block and 2 to 32 rows (one or two warpgroups, clusters and not; f16 and bf16) sum their
+    // matmuls with `mi::MmaAccWG`, whose B stages sit on 1024-byte boundaries.
+    if !setup() {
+        return;
+    }
+    let opts = Options { wgmma_acc: true, ..Options::for_arch(90) };
+    for dt in [DType::Float16, DType::Bfloat16] {
+        for (m, threads) in [(2, 128), (32, 256), (16, 128)] {
+            for pair in [
+                zoo::rmsnorm_linear(m, 4096, 4096, 64, 16, dt).unwrap(),
+                zoo::gated_mlp(m, 4096, 4096, 64, 16, dt).unwrap(),
+            ] {
+                let g = with_threads(pair.ugraph, threads);
+                let p = generate(&g, &opts).unwrap();
+                assert!(p.source.contains("mi::MmaAccWG<NT, 1, "), "{}", p.source);
+                assert!(!p.source.contains("mi::MmaAcc<NT"), "{}", p.source);
+                assert!(p.source.contains("mi::fence_proxy_async();\n    __syncthreads();"), "{}", p.source);
+                assert!(p.source.contains("unsigned char mi_smem[]") && p.source.contains("__align__(1024)"));
+                if let Err(e) = nvrtc::compile(&p.source, 90) {
+                    panic!("warpgroup loop matmul ({m} rows, {threads} threads, {}) failed to compile: {e}", dt.name());
+                }
+                // Off (the default): the warp form.
+                let plain = generate(&g, &Options::for_arch(90)).unwrap().source;
+                assert!(!plain.contains("mi::MmaAccWG<") && plain.contains("mi::MmaAcc<NT"), "{plain}");
+            }
+        }
+    }
+}
+
 /// The zoo's one-kernel attention with `threads` threads a block.
 fn one_kernel_attention(a: Attn, dt: DType, threads: usize) -> KernelGraph {
     with_threads(zoo::attention_one_kernel(a, dt).unwrap().ugraph, threads)

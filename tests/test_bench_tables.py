@@ -74,3 +74,38 @@ def test_a_cell_run_again_replaces_the_first(merge_tables):
     assert gqa["ours"]["us"] == 1.0 and gqa["run"] == 1
     assert gqa["calibration"]["copy_GBps"] == again["meta"]["calibration"]["copy_GBps"]
     assert len(cells) == len(first["cells"])
+
+
+SAVED = GPU_SCRIPTS / "results" / "h200-2026-11-29-s42" / "mlp-graphs"
+
+
+def test_the_saved_winners_load_and_generate_under_each_setting(monkeypatch):
+    # The forty-second session's MLP-table winners (kept for `variants.py` A/B runs): they
+    # load (two are co-resident twins, with `smem_cap`), the twins' stages stay within two
+    # blocks an SM, and MIRAGE_WGMMA_ACC=1 turns every 64-column loop matmul of them into the
+    # warpgroup form.
+    import mirage as mi
+
+    files = sorted(SAVED.glob("*.json"))
+    assert len(files) == 15, files
+    twins = 0
+    for f in files:
+        caps = [
+            op["kind"]["graph"].get("smem_cap")
+            for op in json.loads(f.read_text())["graph"]["ops"]
+            if op["kind"]["kind"] == "customized"
+        ]
+        g = mi.load_json(str(f))
+        monkeypatch.delenv("MIRAGE_WGMMA_ACC", raising=False)
+        src = g.cuda_source(arch=90)
+        assert "mi::MmaAccWG<" not in src, f.name
+        if any(caps):
+            twins += 1
+            header = src[src.index("// block graph:") :].splitlines()[0]
+            smem = int(header.split(" bytes of shared memory")[0].rsplit(", ", 1)[1])
+            assert smem <= 113 * 1024, (f.name, header)
+        monkeypatch.setenv("MIRAGE_WGMMA_ACC", "1")
+        wg = mi.load_json(str(f)).cuda_source(arch=90)
+        assert ("mi::MmaAcc<" in src) == ("mi::MmaAccWG<" in wg), f.name
+        assert "mi::MmaAcc<" not in wg, f.name
+    assert twins == 2

@@ -780,9 +780,12 @@ fn co_resident(bg: &BlockGraph) -> bool {
     }
     let g = bg.cluster_split().map_or_else(|| bg.clone(), |(_, _, g)| g);
     let (staged, other) = stage_bytes(&g);
-    let capped = BlockGraph { smem_cap: Some(CO_RESIDENT_SMEM), ..g.clone() };
-    let (full, cut) = (g.pipeline_stages(staged, other), capped.pipeline_stages(staged, other));
-    staged > 0 && g.num_blocks() <= ONE_WAVE_BLOCKS && other + full * staged > CO_RESIDENT_SMEM && cut >= 2
+    let full = g.pipeline_stages(staged, other);
+    let capped = BlockGraph { smem_cap: Some(CO_RESIDENT_SMEM), ..g };
+    staged > 0
+        && capped.num_blocks() <= ONE_WAVE_BLOCKS
+        && other + full * staged > CO_RESIDENT_SMEM
+        && capped.pipeline_stages(staged, other) >= 2
 }
 
 /// Checks candidates in [`check_order`] until `top_n` distinct ones pass as stable

@@ -1225,7 +1225,7 @@ fn emit_with(
         recv,
         lazy,
         async_push: knobs.async_push,
-        wg_acc: wg_acc.clone(),
+        wg_acc,
         acc_scratch: acc_scratch_at,
         ws: None,
         ws3,

@@ -395,9 +395,10 @@ class KNGraph:
           stable (spread over structures and launch shapes), each of the first 16 that
           streams its loop over one wave of blocks followed by a co-resident twin (stages
           capped so that two blocks share an SM), are compiled and timed (``warmup_iters``
-          warm-up launches, ``profile_iters`` timed ones, median) and the fastest is returned (a candidate whose first timed replay is over twice the fastest
-          so far is not timed further; those within 5% of the fastest, up to four, are timed
-          three more times in turns and the best median wins); without one (or
+          warm-up launches, ``profile_iters`` timed ones, median) and the fastest is returned
+          (a candidate whose first timed replay is over twice the fastest so far is not timed
+          further; those within 5% of the fastest, up to four, are timed three more times in
+          turns and the best median wins); without one (or
           ``backend="cpu"``), the cheapest by the cost model among verified candidates.
         * ``use_cached_graphs``: reuse the result of an identical earlier search, stored as JSON
           in ``cache_dir`` (default ``$MIRAGE_CACHE_DIR/search`` or

@@ -52,11 +52,14 @@ def test_stamped_rmsnorm_linear_kernels_compile(timeline, monkeypatch, async_pus
         assert words >= len(timeline.OWN), kind
         body = stamped.split(timeline.MARK)[1]
         # Entry, wait, first stage, loop, end; a cluster's also finish, first phase and merge,
-        # and where the cluster barrier orders them (not beside st.async pushes, the
-        # default) the other block's stamps, sent through the receive area after its push.
-        partner = kind == "cluster" and async_push == "0"
-        assert body.count("mi_gt()") == 5 + 3 * (kind == "cluster") + partner, f"{kind}: {body}"
-        assert ("mi::cluster_map(mi_recv, 0u)" in body) == partner, body
+        # and the other block's stamps: stored after its push where the cluster barrier
+        # orders the merge, over its pushed [2, 64] tile beside st.async pushes.
+        cluster = kind == "cluster"
+        assert body.count("mi_gt()") == 5 + 4 * cluster, f"{kind}: {body}"
+        assert body.count("stamps of this block for the first one") == cluster, body
+        assert ("mi::cluster_map(mi_recv, 0u)" in body) == (cluster and async_push == "0")
+        if cluster and async_push == "1":
+            assert "reinterpret_cast<const unsigned long long*>(mi_recv + 4)[j]" in body, body
         assert len(_core.nvrtc_compile(stamped, 90)) > 0, kind
 
 

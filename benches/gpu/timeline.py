@@ -10,8 +10,10 @@ landed, the loop ended (every copy landed), and its end; in a cluster split also
 done, the first phase of the cluster barrier seen, and the merge done (the first block: its
 wait for the others' pushes ended; the others: their push done). It writes them over the first
 row of its own output columns (the output is wrong, the timing is not). The other blocks'
-stamps reach the first block through its receive area, after a barrier of their own (which
-delays their arrival a little). Printed per call, over the blocks (min / median / max, ns):
+stamps reach the first block through its receive area: after their pushes and a barrier of
+their own where the cluster barrier orders the merge, or as the first floats of a pushed tile
+beside st.async pushes (the default; their "pushed" is then the push's start). Either
+delays their arrival a little. Printed per call, over the blocks (min / median / max, ns):
 each block's entry after the previous call's last block's end (negative: before it), that
 end to this call's first wait's end, the first stage's latency, the loop, the cluster merge's
 wait, what follows until the end, and for a cluster each phase of the other block's and the
@@ -71,10 +73,27 @@ def stamp(source: str) -> tuple[str, int]:
     if words < len(OWN):
         raise ValueError(f"stamp: {words} words of output a block, {len(OWN)} needed")
     cluster = "mi::cluster_wait(); // every block" in kern
-    # The other blocks' stamps go with their sums through the receive area where the cluster
-    # barrier orders them; an mbarrier-signalled merge (st.async) orders only its own bytes.
+    # The other blocks' stamps reach the first block through its receive area: stored after
+    # their pushes where the cluster barrier orders them, or, beside st.async pushes onto an
+    # mbarrier (which orders only their own bytes), written over the first floats of a tile
+    # of 14 or more before it is pushed (its first floats then arrive as the stamps).
     pushed_async = "mi::cluster_push_async<" in kern
-    partner = cluster and not pushed_async and words >= _PARTNER_AT + len(PARTNER)
+    carrier = next(
+        (
+            m
+            for m in re.finditer(
+                r"  mi::cluster_push_async<NT>\(t(\d+), mi_recv \+ (\d+), \d+, (\d+), mi_merge_bar\);\n",
+                kern,
+            )
+            if int(m.group(3)) >= 2 * len(PARTNER)
+        ),
+        None,
+    )
+    partner = (
+        cluster
+        and (not pushed_async or carrier is not None)
+        and words >= _PARTNER_AT + len(PARTNER)
+    )
     wait = re.search(r"\n  mi::dep_(?:enter|wait)\(\);[^\n]*\n", kern)
     if wait is None:
         raise ValueError("stamp: no dependent-launch wait")
@@ -112,23 +131,38 @@ def stamp(source: str) -> tuple[str, int]:
         at = kern.find(push, sums)
         if at < 0:
             raise ValueError("stamp: no pushed cluster merge")
-        if partner:
+        stamps = (
+            "p[0] = mi_ts[0]; p[1] = mi_ts[1]; p[2] = mi_ts[2]; p[3] = mi_ts[3];"
+            " p[4] = mi_gt(); p[5] = mi_ts[6]; p[6] = mi_ts[7];"
+        )
+        if partner and carrier is not None:
+            # Over the carrying tile before its push (the output is wrong anyway): "pushed" is
+            # then the push's start.
+            first = kern.rfind("\n", 0, kern.find("mi::cluster_push_async<NT>(", sums)) + 1
+            send = (
+                "    __syncthreads();\n    if (tid == 0) { // stamps of this block for the first one\n"
+                "      unsigned long long* const p = reinterpret_cast<unsigned long long*>("
+                f"t{carrier.group(1)});\n      {stamps}\n    }}\n    __syncthreads();\n"
+            )
+            kern = kern[:first] + send + kern[first:]
+            at = kern.find(push, sums)
+        elif partner:
             # After every thread's push (a cluster-scope fence and a barrier order them before
             # these stores, which overwrite the first sums: the output is wrong anyway).
             send = (
                 '    asm volatile("fence.acq_rel.cluster;" ::: "memory");\n    __syncthreads();\n'
-                "    if (tid == 0) {\n"
+                "    if (tid == 0) { // stamps of this block for the first one\n"
                 "      unsigned long long* const p = reinterpret_cast<unsigned long long*>("
                 "mi::cluster_map(mi_recv, 0u)) + 8 * (mi::cluster_rank() - 1);\n"
-                "      p[0] = mi_ts[0]; p[1] = mi_ts[1]; p[2] = mi_ts[2]; p[3] = mi_ts[3];"
-                " p[4] = mi_gt(); p[5] = mi_ts[6]; p[6] = mi_ts[7];\n    }\n"
+                f"      {stamps}\n    }}\n"
             )
             kern = kern[:at] + send + kern[at:]
         take = "  mi_ts[4] = mi_gt();\n"
         if partner:
+            src = f"mi_recv + {carrier.group(2)}" if carrier is not None else "mi_recv"
             take += (
                 f"  for (int j = 0; j < {len(PARTNER)}; ++j) mi_pt[j] = "
-                "reinterpret_cast<const unsigned long long*>(mi_recv)[j];\n"
+                f"reinterpret_cast<const unsigned long long*>({src})[j];\n"
             )
         waited = (
             "  mi::mbar_wait(mi_merge_bar, 0);\n"
@@ -164,7 +198,7 @@ def timeline(path: str, calls: int = 4) -> None:
     w, b = variants.cell_of(path)
     g = mi.load_json(path)
     src, words = stamp(g.cuda_source())
-    cluster, partner = "mi_ts[7] = mi_gt();" in src, "mi::cluster_map(mi_recv, 0u)" in src
+    cluster, partner = "mi_ts[7] = mi_gt();" in src, "stamps of this block for the first" in src
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, f"{g.hash()[:16]}_sm90.cu"), "w", encoding="utf-8") as f:
             f.write(src)

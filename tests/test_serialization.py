@@ -259,3 +259,29 @@ def test_visualize_customized_graph(rng, tmp_path):
         "mul",
     ]:
         assert name in text, name
+
+
+def test_a_shared_memory_cap_round_trips_changes_the_hash_and_is_checked():
+    # `smem_cap` (a co-resident twin's stage cap) is kept by JSON, changes the hash (the twin
+    # is another candidate), leaves the values alone, and a zero cap is refused by name.
+    from mirage import _core
+
+    _, ug = _core.zoo_json("rmsnorm_linear", "float16", [2, 1024, 512, 8, 4])
+    g = mi.from_json(ug)
+    data = json.loads(g.to_json())
+    for op in data["graph"]["ops"]:
+        if op["kind"]["kind"] == "customized":
+            assert "smem_cap" not in op["kind"]["graph"]
+            op["kind"]["graph"]["smem_cap"] = 64 * 1024
+    twin = mi.from_json(json.dumps(data))
+    assert json.loads(twin.to_json()) == data
+    assert twin.hash() != g.hash()
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((2, 1024)) * 0.5, rng.standard_normal((1024, 512)) * 0.5]
+    xs = [x.astype(np.float16) for x in xs]
+    np.testing.assert_array_equal(twin(inputs=xs)[0], g(inputs=xs)[0])
+    for op in data["graph"]["ops"]:
+        if op["kind"]["kind"] == "customized":
+            op["kind"]["graph"]["smem_cap"] = 0
+    with pytest.raises(ValueError, match="smem_cap: a shared-memory cap must be at least 1 byte"):
+        mi.from_json(json.dumps(data))

@@ -954,7 +954,7 @@ struct MmaAcc {
   // (a float&). With K slices, every warp stores its fragments to `scratch` (SCRATCH floats),
   // and after one barrier the threads add the slices of each fragment in slice order, in
   // parallel; with at most 8 rows (M <= 8, one row tile) only the lanes and values holding
-  // real rows (a sixteenth of them for M = 2: RMSNorm+Linear at b=1 took 480-576 ns from its
+  // real rows (a sixteenth of them for M = 2: RMSNorm+Linear at b=1 took 448-576 ns from its
   // loop's end to its finishes' on the H200). Call from every thread; the caller orders what
   // follows.
   template <class Ref>

@@ -63,7 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("dir", help="graphs and variants/NAME/<hash16>_sm90.cu")
     ap.add_argument("--rounds", type=int, default=3, help="alternations (default 3)")
     ap.add_argument(
-        "--env", action="append", default=[], help="NAME:VAR=VALUE[,VAR=VALUE...], a variant of settings"
+        "--env",
+        action="append",
+        default=[],
+        help="NAME:VAR=VALUE[,VAR=VALUE...], a variant of settings",
     )
     args = ap.parse_args(argv)
     vdir = os.path.join(args.dir, "variants")

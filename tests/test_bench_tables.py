@@ -76,36 +76,45 @@ def test_a_cell_run_again_replaces_the_first(merge_tables):
     assert len(cells) == len(first["cells"])
 
 
-SAVED = GPU_SCRIPTS / "results" / "h200-2026-11-29-s42" / "mlp-graphs"
+SAVED = GPU_SCRIPTS / "results" / "h200-2026-11-29-s43" / "mlp-graphs"
 
 
-def test_the_saved_winners_load_and_generate_under_each_setting(monkeypatch):
-    # The forty-second session's MLP-table winners (kept for `variants.py` A/B runs): they
-    # load (two are co-resident twins, with `smem_cap`), the twins' stages stay within two
-    # blocks an SM, and MIRAGE_WGMMA_ACC=1 turns every 64-column loop matmul of them into the
-    # warpgroup form.
+def test_the_saved_winners_load_and_generate_their_forms(monkeypatch):
+    # The forty-third session's MLP-table winners (kept for `variants.py` A/B runs): they
+    # load; the three co-resident twins (`smem_cap`) keep their stages within two blocks an
+    # SM; the four warpgroup twins (`warpgroup_acc`: RMSNorm+Linear b=8 and 16 at both widths
+    # but 4096x6144 b=8, gated MLP b=16) sum their matmuls with `mi::MmaAccWG` and the rest
+    # with `mi::MmaAcc`, unless MIRAGE_WGMMA_ACC=1 asks every kernel where the form fits.
     import mirage as mi
 
+    monkeypatch.delenv("MIRAGE_WGMMA_ACC", raising=False)
     files = sorted(SAVED.glob("*.json"))
     assert len(files) == 15, files
-    twins = 0
+    twins, asked = 0, []
     for f in files:
-        caps = [
-            op["kind"]["graph"].get("smem_cap")
+        kernels = [
+            op["kind"]["graph"]
             for op in json.loads(f.read_text())["graph"]["ops"]
             if op["kind"]["kind"] == "customized"
         ]
-        g = mi.load_json(str(f))
-        monkeypatch.delenv("MIRAGE_WGMMA_ACC", raising=False)
-        src = g.cuda_source(arch=90)
-        assert "mi::MmaAccWG<" not in src, f.name
-        if any(caps):
+        src = mi.load_json(str(f)).cuda_source(arch=90)
+        if any(k.get("smem_cap") for k in kernels):
             twins += 1
             header = src[src.index("// block graph:") :].splitlines()[0]
             smem = int(header.split(" bytes of shared memory")[0].rsplit(", ", 1)[1])
             assert smem <= 113 * 1024, (f.name, header)
-        monkeypatch.setenv("MIRAGE_WGMMA_ACC", "1")
-        wg = mi.load_json(str(f)).cuda_source(arch=90)
-        assert ("mi::MmaAcc<" in src) == ("mi::MmaAccWG<" in wg), f.name
-        assert "mi::MmaAcc<" not in wg, f.name
-    assert twins == 2
+        if any(k.get("warpgroup_acc") for k in kernels):
+            asked.append(f.name.rsplit("_", 1)[0])
+            assert "mi::MmaAccWG<" in src and "mi::MmaAcc<" not in src, f.name
+        else:
+            assert "mi::MmaAccWG<" not in src, f.name
+    assert twins == 3
+    assert sorted(asked) == [
+        "gated_mlp_16",
+        "rmsnorm_linear_16",
+        "rmsnorm_linear_6144_16",
+        "rmsnorm_linear_8",
+    ]
+    monkeypatch.setenv("MIRAGE_WGMMA_ACC", "1")
+    forced = mi.load_json(str(SAVED / "rmsnorm_linear_6144_8_4cf6cd35.json")).cuda_source(arch=90)
+    assert "mi::MmaAccWG<NT, 1, 16, 64," in forced

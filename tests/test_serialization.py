@@ -261,6 +261,31 @@ def test_visualize_customized_graph(rng, tmp_path):
         assert name in text, name
 
 
+def test_the_warpgroup_flag_round_trips_changes_the_hash_not_the_values():
+    # `warpgroup_acc` (a warpgroup twin's form) is kept by JSON, left out where false, changes
+    # the hash (the twin is another candidate) and leaves the values alone.
+    from mirage import _core
+
+    _, ug = _core.zoo_json("rmsnorm_linear", "float16", [32, 1024, 512, 8, 4])
+    g = mi.from_json(ug)
+    data = json.loads(g.to_json())
+    for op in data["graph"]["ops"]:
+        if op["kind"]["kind"] == "customized":
+            assert "warpgroup_acc" not in op["kind"]["graph"]
+            op["kind"]["graph"]["warpgroup_acc"] = True
+    twin = mi.from_json(json.dumps(data))
+    assert json.loads(twin.to_json()) == data
+    assert twin.hash() != g.hash()
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((32, 1024)) * 0.5, rng.standard_normal((1024, 512)) * 0.5]
+    xs = [x.astype(np.float16) for x in xs]
+    np.testing.assert_array_equal(twin(inputs=xs)[0], g(inputs=xs)[0])
+    for op in data["graph"]["ops"]:
+        if op["kind"]["kind"] == "customized":
+            op["kind"]["graph"]["warpgroup_acc"] = False
+    assert mi.from_json(json.dumps(data)).hash() == g.hash()
+
+
 def test_a_shared_memory_cap_round_trips_changes_the_hash_and_is_checked():
     # `smem_cap` (a co-resident twin's stage cap) is kept by JSON, changes the hash (the twin
     # is another candidate), leaves the values alone, and a zero cap is refused by name.

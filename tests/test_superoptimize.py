@@ -407,6 +407,49 @@ def test_gpu_candidates_pair_one_wave_streaming_forms_with_co_resident_twins():
     assert not any(any(caps(json.loads(c["graph"]))) for c in found["candidates"])
 
 
+def test_gpu_candidates_pair_small_row_matmuls_with_warpgroup_twins():
+    # With the settings a GPU uses, a verified candidate whose loop matmul has 32 rows of 64
+    # columns is followed by its warpgroup twin (warpgroup_acc): the same graph but for the
+    # flag, whose sm_90 source sums the matmul with `mi::MmaAccWG` where the original's uses
+    # `mi::MmaAcc`; 2 rows get none.
+    settings = {
+        **search._resolve_config("mlp"),
+        "verify_top_n": 12,
+        "verify_spread": True,
+        "verify_co_resident": True,
+        "shared_memory_limit": 232448,
+    }
+
+    def flags(g: dict) -> list[bool]:
+        return [
+            op["kind"]["graph"].get("warpgroup_acc", False)
+            for op in g["graph"]["ops"]
+            if op["kind"]["kind"] == "customized"
+        ]
+
+    found = search.search_candidates(rmsnorm_linear(32, 4096, 4096), settings, num_threads=2)
+    graphs = [json.loads(c["graph"]) for c in found["candidates"]]
+    twins = [i for i, g in enumerate(graphs) if any(flags(g))]
+    assert twins, [flags(g) for g in graphs]
+    for i in twins:
+        twin, first = graphs[i], graphs[i - 1]
+        assert found["candidates"][i]["verification"] == "passed"
+        assert not any(flags(first)), i
+        src0 = mi.from_json(json.dumps(first)).cuda_source(arch=90)
+        src = mi.from_json(json.dumps(twin)).cuda_source(arch=90)
+        if "mi::MmaAcc<NT, 1, 32, 64," in src0:
+            assert "mi::MmaAccWG<NT, 1, 32, 64," in src and "mi::MmaAcc<" not in src, i
+        for op in twin["graph"]["ops"]:
+            op["kind"].get("graph", {}).pop("warpgroup_acc", None)
+        assert twin == first, i
+    assert any(
+        "mi::MmaAccWG<" in mi.from_json(found["candidates"][i]["graph"]).cuda_source(arch=90)
+        for i in twins
+    )
+    found = search.search_candidates(rmsnorm_linear(2, 4096, 4096), settings, num_threads=2)
+    assert not any(any(flags(json.loads(c["graph"]))) for c in found["candidates"])
+
+
 def test_gpu_profiling_reaches_long_streaming_loops():
     # RMSNorm+Linear 2x4096 @ 4096x6144 (the paper's b=1): on the H100 its fastest form runs
     # 128 blocks over 32 loop steps of 128-wide K tiles, which the cost model ranks behind the

@@ -5,10 +5,11 @@
 DIR holds µGraph JSON files named as ``bench.py --save-graphs`` names them
 (``WORKLOAD_B_HASH8.json``; ``WORKLOAD_B.json`` too) and ``DIR/variants/NAME/``, one folder a
 variant holding hand-edited sources as ``MIRAGE_LOAD_CODES`` reads them (``<hash16>_sm90.cu``,
-the graph's ``hash()[:16]``); a variant without a file for a graph runs the generated source.
+the graph's ``hash()[:16]``); a variant without a file for a graph runs the generated source,
+and the ``generated`` variant (the current code generator's source) always runs beside them.
 ``--env NAME:VAR=VALUE[,VAR=VALUE...]`` adds a variant NAME that runs the generated source with
 those variables set (codegen settings read when a graph is compiled, e.g.
-``eager:MIRAGE_LAZY_MERGE=0``); the ``generated`` variant then runs beside it.
+``eager:MIRAGE_LAZY_MERGE=0``).
 Each round times every graph under every variant in turn (inputs rotated and replayed in a
 CUDA graph as bench.py does; correctness against float64 printed beside), and the last lines
 are a table: one row a graph, one column a variant, the rounds' medians in µs.
@@ -79,9 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not name or not var or not eq:
                 ap.error(f"--env {spec!r}: expected NAME:VAR=VALUE[,VAR=VALUE...]")
             envs.setdefault(name, {})[var] = value
-    if not variants or envs:
-        variants = ["generated", *variants]
-    variants += list(envs)
+    variants = ["generated", *variants, *envs]
     saved = {var: os.environ.get(var) for sets in envs.values() for var in sets}
     timing = argparse.Namespace(warmup_replays=5, replays=50)
     cells: list[tuple[str, list[list[torch.Tensor]], list[torch.Tensor]]] = []

@@ -25,9 +25,10 @@ The first block of a summing cluster split adds the other blocks' sums where its
 reads them, instead of in a pass of its own; ``MIRAGE_LAZY_MERGE=0`` (read likewise; ``1`` or
 unset: the default) gathers them first. The other blocks send their sums with ``st.async``
 onto an mbarrier of the first block; ``MIRAGE_ASYNC_PUSH=0`` stores them and releases them on
-the cluster barrier instead. ``MIRAGE_WGMMA_ACC=1`` (``0`` or unset: off) sums loop matmuls of
-64 columns and at most 64 rows on the warpgroup tensor cores (sm_90): an experiment not yet
-run on a GPU. Another value of these raises ValueError.
+the cluster barrier instead. Loop matmuls of 64 columns and 16 or 32 rows are summed on the
+warpgroup tensor cores (sm_90) where a block graph asks for it (``warpgroup_acc``: the
+search's warpgroup twins, timed beside the warp form); ``MIRAGE_WGMMA_ACC=1`` (``0`` or unset:
+off) asks for every kernel. Another value of these raises ValueError.
 
 On sm_90 and later the kernels are launched as programmatic dependents of the previous kernel
 in the stream: each may be scheduled while that one drains, and waits for it to finish before

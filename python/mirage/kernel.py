@@ -392,9 +392,11 @@ class KNGraph:
           dict of advanced settings (``mirage.search.CONFIG_KEYS``, e.g.
           ``{"preset": "mlp", "max_block_ops": 9}``).
         * ``backend="cuda"``: with a CUDA device, up to 64 candidates verified as numerically
-          stable (spread over structures and launch shapes), each of the first 16 that
+          stable (spread over structures and launch shapes), each of the first 32 that
           streams its loop over one wave of blocks followed by a co-resident twin (stages
-          capped so that two blocks share an SM), are compiled and timed (``warmup_iters``
+          capped so that two blocks share an SM) and each with a loop matmul of 16 or 32 rows
+          by 64 columns by a warpgroup twin (summed on the warpgroup tensor cores), are
+          compiled and timed (``warmup_iters``
           warm-up launches, ``profile_iters`` timed ones, median) and the fastest is returned
           (a candidate whose first timed replay is over twice the fastest so far is not timed
           further; those within 5% of the fastest, up to four, are timed three more times in

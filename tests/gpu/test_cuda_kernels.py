@@ -175,25 +175,32 @@ def test_cluster_split_sums_against_interpreter(name, params, dtype):
     check(ug, dtype, inputs=cpu)
 
 
-#: Loop matmuls of 64 columns a block, 2 to 32 rows, one and two warpgroups, with and
-#: without a cluster split (8 blocks on sm_90): `mi::MmaAccWG` under MIRAGE_WGMMA_ACC=1.
+#: Loop matmuls of 64 columns a block, 16 or 32 rows, one and two warpgroups, with and
+#: without a cluster split (8 blocks on sm_90), K tiles of 64 to 256: `mi::MmaAccWG`, asked
+#: for by the block graph (`warpgroup_acc`, the search's warpgroup twin) or by
+#: MIRAGE_WGMMA_ACC=1.
 WARPGROUP_MATMULS = [
-    ("rmsnorm_linear", [2, 1024, 512, 8, 4], 128),
-    ("rmsnorm_linear", [32, 1024, 512, 8, 4], 256),
-    ("gated_mlp", [16, 1024, 512, 8, 4], 128),
-    ("rmsnorm_linear", [32, 4096, 6144, 96, 16], 256),
+    ("rmsnorm_linear", [32, 1024, 512, 8, 4], 128, "flag"),
+    ("rmsnorm_linear", [32, 1024, 512, 8, 4], 256, "env"),
+    ("gated_mlp", [16, 1024, 512, 8, 4], 128, "flag"),
+    ("gated_mlp", [16, 1024, 512, 8, 16], 256, "env"),
+    ("rmsnorm_linear", [32, 2048, 768, 12, 8], 256, "flag"),
 ]
 
 
 @pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16])
-@pytest.mark.parametrize("name,params,threads", WARPGROUP_MATMULS)
-def test_warpgroup_loop_matmuls_against_interpreter(name, params, threads, dtype, monkeypatch):
-    monkeypatch.setenv("MIRAGE_WGMMA_ACC", "1")
+@pytest.mark.parametrize("name,params,threads,how", WARPGROUP_MATMULS)
+def test_warpgroup_loop_matmuls_against_interpreter(name, params, threads, how, dtype, monkeypatch):
+    if how == "env":
+        monkeypatch.setenv("MIRAGE_WGMMA_ACC", "1")
+    else:
+        monkeypatch.delenv("MIRAGE_WGMMA_ACC", raising=False)
     _, ug = _zoo(name, dtype.name, params)
     data = json.loads(ug.to_json())
     for op in data["graph"]["ops"]:
         if op["kind"]["kind"] == "customized":
             op["kind"]["graph"]["block_dim"] = [threads, 1, 1]
+            op["kind"]["graph"]["warpgroup_acc"] = how == "flag"
     ug = mi.from_json(json.dumps(data))
     src, _ = _core.cuda_generate(ug._core, _cuda.default_arch())
     assert "mi::MmaAccWG<NT, 1, " in src, src

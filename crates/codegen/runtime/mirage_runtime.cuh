@@ -850,11 +850,14 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
 // The A fragment of an m16n8k16 mma: rows mt*16.. and columns k0..k0+15 of a 16-bit tile with
 // rows LD elements apart; rows at or past M read as zero. LDSM: whole rows of 16-byte
 // vectors (M % 16 == 0, LD % 8 == 0), read with one ldmatrix. SW: the rows are unpadded
-// (LD elements) and their chunks swizzled (`swz<LD, 8>`).
-template <int M, int LD, bool LDSM, typename T, bool SW = false>
+// (LD elements) and their chunks swizzled (`swz<LD, 8>`); BLK: stored as column blocks of
+// 64 instead (`swzb<LD, M>`, M the tile's rows).
+template <int M, int LD, bool LDSM, typename T, bool SW = false, bool BLK = false>
 __device__ __forceinline__ void a_frag(unsigned* a, const T* A, int mt, int k0, int lane) {
   const auto at = [&](int r, int c) {
-    if constexpr (SW) {
+    if constexpr (BLK) {
+      return swzb<LD, M>(r * LD + c);
+    } else if constexpr (SW) {
       return swz<LD, 8>(r, c);
     } else {
       return r * LD + c;
@@ -1034,8 +1037,8 @@ struct MmaAcc {
 // the sums of squares. Products of 16-bit values are exact in fp32, so the result is that of
 // fp32 accumulation. Warps split row groups and 16-column steps like MmaAcc; `finish` adds the
 // slices once, after the loop. Rows past ROWS read as zero. SW: the rows are unpadded and
-// their chunks swizzled (`swz<LD, 8>`, LD == LEN).
-template <int NT, int ROWS, int LEN, int LD, typename T, bool SQ, bool SW = false>
+// their chunks swizzled (`swz<LD, 8>`, LD == LEN); BLK: in column blocks of 64 (`swzb`).
+template <int NT, int ROWS, int LEN, int LD, typename T, bool SQ, bool SW = false, bool BLK = false>
 struct RowSumAcc {
   static constexpr int NW = NT / 32, MT = (ROWS + 15) / 16, KSTEPS = LEN / 16;
   static constexpr int G = MT < NW ? MT : NW;
@@ -1069,7 +1072,7 @@ struct RowSumAcc {
         const int mt = gi + j * G;
         if (MT % G == 0 || mt < MT) {
           unsigned a[4];
-          a_frag<ROWS, LD, A_LDSM, T, SW>(a, A, mt, k0, lane);
+          a_frag<ROWS, LD, A_LDSM, T, SW, BLK>(a, A, mt, k0, lane);
           if constexpr (SQ) {
             const unsigned b0[2] = {a[0], a[2]}, b1[2] = {a[1], a[3]};
             mma_16816<T>(d[j][0], a, b0);
@@ -1996,104 +1999,119 @@ __device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[4][4], unsigned lo
 #endif
 }
 
-// `MmaAcc` on the warpgroup tensor cores (`Knobs::wgmma_acc`, an experiment; sm_90a): C = sum
-// over iterations of A B, A [M <= 64, K] from registers (rows past M read as zero), B [K, 64]
-// by descriptor, stored MN-major with the 128-byte swizzle (`swz<64, 8>`, 1024-byte aligned).
-// The rows (padded to 64) are the wgmma's M, the 64 columns its N: warpgroup g of the NT / 128
-// takes k-steps g, g + WG, ... of every iteration, one m64n64k16 each, so `finish` adds WG
-// slices of M x 64 floats instead of `MmaAcc`'s up to 8 of every fragment (RMSNorm+Linear
-// b=16: 64 KB through shared memory, 0.9 us on the H200). Each iteration waits for its
-// wgmma (the stage is overwritten after the next barrier); the loop makes its copies
-// visible to the tensor cores (`fence_proxy_async`) before its barrier.
+// Both operands through descriptors, A MN-major and B K-major (the transposed product of
+// `MmaAccWG`): m64 n16 and n32 k16, d in the accumulator layout (2 or 4 fragments of 8 columns).
+#define MI_WG_D8(d) "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+#define MI_WG_TS16(ty)                                                                                    \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                                          \
+  "wgmma.mma_async.sync.aligned.m64n16k16.f32." ty "." ty " "                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 1, 0;\n}\n"
+#define MI_WG_TS32(ty)                                                                                    \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                          \
+  "wgmma.mma_async.sync.aligned.m64n32k16.f32." ty "." ty " "                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 0;\n}\n"
+template <typename T, int NF>
+__device__ __forceinline__ void wgmma_ts(float (&d)[NF][4], unsigned long long a, unsigned long long b, int acc) {
+#if MI_WGMMA
+  static_assert(NF == 2 || NF == 4, "wgmma_ts: n16 or n32");
+  if constexpr (NF == 2) {
+    MI_WG_MMA(MI_WG_TS16, MI_WG_D8(d), "l"(a));
+  } else {
+    MI_WG_MMA(MI_WG_TS32, MI_WG_D16(d), "l"(a));
+  }
+#endif
+}
+
+// `MmaAcc` on the warpgroup tensor cores, transposed (`Knobs::wgmma_acc`; sm_90a): C = sum over
+// iterations of A B with A [M][K] (M = 16 or 32 rows: RMSNorm+Linear and gated MLP at b = 8 and
+// 16) and B [K][64] is summed as C^T = B^T A^T, so that B's 64 columns fill the wgmma's M and
+// A's few rows are its N (m64 n16/n32 k16: no padding rows; `MmaAccWG` over m64 with A's rows
+// as M wasted half or more of each instruction and ran RMSNorm+Linear b=16's loop 2 us slower
+// on the H200). B^T is read MN-major through B's 128-byte swizzle (`swz<64, 8>`, unpadded
+// rows of 64), A^T K-major through A stored as column blocks of 64 (`swzb<K, M>`), both
+// 1024-byte aligned. Warpgroup g of the NT / 128 takes k-steps g, g + WG, ... of every
+// iteration, issued back to back and waited for once (the stage is overwritten after the
+// next barrier; the loop fences its copies for the async proxy before that barrier). Each
+// thread keeps M / 2 sums (not `MmaAcc`'s K slices of every fragment), so `finish` adds WG
+// slices of M x 64 floats, none with one warpgroup.
 template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWB = false, bool SWA = false>
 struct MmaAccWG {
   static_assert(MI_WGMMA, "MmaAccWG needs sm_90a (wgmma)");
-  static_assert(BATCH == 1 && N == 64 && LDB == 64 && SWB && M <= 64 && K % 16 == 0 && NT % 128 == 0,
-                "MmaAccWG: one 64-column swizzled B, at most 64 rows, whole warpgroups");
-  static constexpr int WG = NT / 128, KSTEPS = K / 16, MT = (M + 15) / 16;
-  static constexpr bool A_LDSM = M % 16 == 0 && LDA % 8 == 0;
+  static_assert(BATCH == 1 && (M == 16 || M == 32) && N == 64 && LDB == 64 && SWB && SWA && LDA == K &&
+                    K % 64 == 0 && NT % 128 == 0,
+                "MmaAccWG: 16 or 32 rows in column blocks, one 64-column swizzled B, whole warpgroups");
+  static constexpr int WG = NT / 128, KSTEPS = K / 16, NS = (KSTEPS + WG - 1) / WG, NF = M / 8;
   // Floats of shared scratch `finish` needs: every warpgroup but the first's M x 64 sums.
   static constexpr int SCRATCH = (WG - 1) * M * 64;
-  float d[8][4];
+  float d[NF][4];
 
   __device__ __forceinline__ MmaAccWG() {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
+    for (int j = 0; j < NF; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
   }
 
-  // One iteration: this warpgroup's k-steps of A B. Its A fragments are loaded first, then
-  // one wgmma.fence orders them (and the accumulators) before the wgmma that read them.
-  static constexpr int NS = (KSTEPS + WG - 1) / WG;
+  // One iteration: this warpgroup's k-steps. K-step s reads B's rows 16 s.. (2048 bytes
+  // each step) and A's columns 16 s..: column block s / 4 (M rows of 128 bytes), 32 bytes
+  // in (the hardware applies the swizzle to the stepped address).
   __device__ __forceinline__ void step(const T* A, const T* B) {
-    const int t = lin_tid(), g = t >> 7, w = (t >> 5) & 3, lane = t & 31;
-    const unsigned lo = wg_desc_lo((unsigned)__cvta_generic_to_shared(B));
-    unsigned a[NS][4];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const int s = g + i * WG;
-      a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0u;
-      if (w < MT && s < KSTEPS) a_frag<M, LDA, A_LDSM, T, SWA>(a[i], A, w, s * 16, lane);
-    }
+    const int g = lin_tid() >> 7;
+    const unsigned lb = wg_desc_lo((unsigned)__cvta_generic_to_shared(B));
+    const unsigned la = wg_desc_lo((unsigned)__cvta_generic_to_shared(A));
     wg_fence();
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       const int s = g + i * WG;
       if (KSTEPS % WG != 0 && s >= KSTEPS) break;  // the same for the whole warpgroup
-      wgmma_m64n64k16<T>(d, a[i], wg_desc_sw128(lo + (unsigned)s * 128u), 1);
+      wgmma_ts<T, NF>(d, wg_desc_sw128(lb + (unsigned)s * 128u),
+                      wg_desc_sw128(la + (unsigned)(s / 4) * (M * 8) + (unsigned)(s % 4) * 2u), 1);
     }
     wg_commit();
     wg_wait<0>();
   }
 
   // After the loop: C = this block's sums (ref(c): element c = m * 64 + n of C, a float&).
-  // Warpgroups 1.. store their rows below M to `scratch`; after one barrier the first adds
-  // them in order. Call from every thread; the caller orders what follows.
+  // Thread (warp w, lane) holds C^T rows (B columns) n0 = 16 w + lane / 4 and n0 + 8, columns
+  // (A rows) 8 j + 2 (lane % 4) and the next. Warpgroups 1.. store theirs to `scratch`; after
+  // one barrier the first adds them in order. Call from every thread; the caller orders what
+  // follows.
   template <class Ref>
   __device__ __forceinline__ void finish(float* scratch, Ref ref) {
     const int t = lin_tid(), g = t >> 7, w = (t >> 5) & 3, lane = t & 31;
-    const int r0 = w * 16 + (lane >> 2), r1 = r0 + 8;
+    const int n0 = w * 16 + (lane >> 2), n1 = n0 + 8;
     if constexpr (WG > 1) {
       if (g > 0) {
         float* const mine = scratch + (g - 1) * M * 64;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int c0 = j * 8 + (lane & 3) * 2;
-          if (r0 < M) *reinterpret_cast<float2*>(mine + r0 * 64 + c0) = make_float2(d[j][0], d[j][1]);
-          if (r1 < M) *reinterpret_cast<float2*>(mine + r1 * 64 + c0) = make_float2(d[j][2], d[j][3]);
+        for (int j = 0; j < NF; ++j) {
+          const int m0 = j * 8 + (lane & 3) * 2;
+          mine[m0 * 64 + n0] = d[j][0];
+          mine[(m0 + 1) * 64 + n0] = d[j][1];
+          mine[m0 * 64 + n1] = d[j][2];
+          mine[(m0 + 1) * 64 + n1] = d[j][3];
         }
       }
       __syncthreads();
       if (g > 0) return;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int c0 = j * 8 + (lane & 3) * 2;
+      for (int o = 1; o < WG; ++o) {
+        const float* const other = scratch + (o - 1) * M * 64;
 #pragma unroll
-        for (int o = 1; o < WG; ++o) {
-          const float* const other = scratch + (o - 1) * M * 64;
-          if (r0 < M) {
-            const float2 u = *reinterpret_cast<const float2*>(other + r0 * 64 + c0);
-            d[j][0] += u.x;
-            d[j][1] += u.y;
-          }
-          if (r1 < M) {
-            const float2 u = *reinterpret_cast<const float2*>(other + r1 * 64 + c0);
-            d[j][2] += u.x;
-            d[j][3] += u.y;
-          }
+        for (int j = 0; j < NF; ++j) {
+          const int m0 = j * 8 + (lane & 3) * 2;
+          d[j][0] += other[m0 * 64 + n0];
+          d[j][1] += other[(m0 + 1) * 64 + n0];
+          d[j][2] += other[m0 * 64 + n1];
+          d[j][3] += other[(m0 + 1) * 64 + n1];
         }
       }
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int c0 = j * 8 + (lane & 3) * 2;
-      if (r0 < M) {
-        ref(r0 * 64 + c0) = d[j][0];
-        ref(r0 * 64 + c0 + 1) = d[j][1];
-      }
-      if (r1 < M) {
-        ref(r1 * 64 + c0) = d[j][2];
-        ref(r1 * 64 + c0 + 1) = d[j][3];
-      }
+    for (int j = 0; j < NF; ++j) {
+      const int m0 = j * 8 + (lane & 3) * 2;
+      ref(m0 * 64 + n0) = d[j][0];
+      ref((m0 + 1) * 64 + n0) = d[j][1];
+      ref(m0 * 64 + n1) = d[j][2];
+      ref((m0 + 1) * 64 + n1) = d[j][3];
     }
   }
 };

@@ -211,7 +211,8 @@ pub(crate) struct Knobs {
     /// cluster barrier their release-arrivals complete.
     pub async_push: bool,
     /// Loop matmuls summed in registers take the warpgroup tensor cores (`mi::MmaAccWG`)
-    /// where they fit ([`wg_acc_fits`]; sm_90 only): an experiment, off by default.
+    /// where they fit ([`wg_acc_fits`]; sm_90 only): `BlockGraph::warpgroup_acc` or
+    /// `Options::wgmma_acc`.
     pub wgmma_acc: bool,
 }
 
@@ -1031,14 +1032,25 @@ fn emit_with(
 
     let flash_end = steps.iter().position(|(_, st)| *st == Step::FlashEnd);
     // Loop matmuls summed on the warpgroup tensor cores (`Knobs::wgmma_acc`), and their B tiles.
-    let wg_acc: Vec<bool> = (0..n_ops)
-        .map(|j| {
-            knobs.wgmma_acc
-                && steps.iter().any(|&(_, st)| matches!(st, Step::MatAcc { op, .. } if op == j))
-                && wg_acc_fits(bg, nt, j, &layout, &storage)
-        })
-        .collect();
-    let wg_b: Vec<STensorId> = (0..n_ops).filter(|&j| wg_acc[j]).map(|j| bg.ops[j].inputs[1]).collect();
+    let loop_mm = |j: usize| steps.iter().any(|&(_, st)| matches!(st, Step::MatAcc { op, .. } if op == j));
+    let mut wg_acc: Vec<bool> =
+        (0..n_ops).map(|j| knobs.wgmma_acc && loop_mm(j) && wg_acc_fits(bg, nt, j, &layout, &storage)).collect();
+    // Its A goes in column blocks, which `mi::MmaAcc` does not read: an A that another loop
+    // matmul reads in the warp form keeps its rows.
+    for j in 0..n_ops {
+        let a = bg.ops[j].inputs.first().copied();
+        if wg_acc[j] && (0..n_ops).any(|i| !wg_acc[i] && loop_mm(i) && bg.ops[i].inputs.first().copied() == a) {
+            wg_acc[j] = false;
+        }
+    }
+    let wg_tiles: Vec<STensorId> =
+        (0..n_ops).filter(|&j| wg_acc[j]).flat_map(|j| [bg.ops[j].inputs[0], bg.ops[j].inputs[1]]).collect();
+    for j in (0..n_ops).filter(|&j| wg_acc[j]) {
+        let a = bg.ops[j].inputs[0];
+        if let Some(l) = layout[a] {
+            layout[a] = Some(Layout { blocks: true, ..l });
+        }
+    }
     // Scratch of the register accumulators' finishes (live at their one step): (step, op, bytes).
     let acc_scratch: Vec<(usize, usize, usize)> = steps
         .iter()
@@ -1116,7 +1128,7 @@ fn emit_with(
                     let wg_tile = fr.as_ref().is_some_and(|f| f.wg.is_some() && (t == f.k || t == f.v || t == f.q));
                     // Swizzled rows sit on whole 128-byte lines (their copies' and ldmatrix's
                     // bank pattern assumes it).
-                    let align = if wg_tile || wg_b.contains(&t) {
+                    let align = if wg_tile || wg_tiles.contains(&t) {
                         WG_ALIGN
                     } else if layout[t].is_some_and(|l| l.swz.is_some()) {
                         SWZ_ALIGN
@@ -1262,9 +1274,10 @@ fn accumulated_matmul(bg: &BlockGraph, acc: usize) -> Option<usize> {
     bg.ops.iter().position(|o| matches!(o.kind, BlockOpKind::Matmul) && o.outputs[0] == x)
 }
 
-/// Whether loop matmul `op` fits `mi::MmaAccWG`: one batch item of at most 64 rows of a
-/// 16-bit A (rows of an even pitch) times a 16-bit B of 64 columns stored unpadded with the
-/// 128-byte swizzle (`swz<64, 8>`, no column blocks), K a multiple of 16, whole warpgroups.
+/// Whether loop matmul `op` fits `mi::MmaAccWG` (the transposed warpgroup form): one batch
+/// item of 16 or 32 rows of a 16-bit A staged unpadded with the 128-byte swizzle (its rows
+/// then go in column blocks of 64) times a 16-bit B of 64 columns stored likewise (no
+/// blocks), K a multiple of 64, whole warpgroups.
 fn wg_acc_fits(bg: &BlockGraph, nt: usize, op: usize, layout: &[Option<Layout>], storage: &[Option<Storage>]) -> bool {
     let o = &bg.ops[op];
     if !matches!(o.kind, BlockOpKind::Matmul) || !nt.is_multiple_of(128) {
@@ -1275,12 +1288,13 @@ fn wg_acc_fits(bg: &BlockGraph, nt: usize, op: usize, layout: &[Option<Layout>],
     let r = da.len();
     let half = |t: STensorId| storage[t].is_some_and(|st| st != Storage::F32);
     numel(&da[..r - 2]) == 1
-        && da[r - 2] <= 64
-        && da[r - 1].is_multiple_of(16)
+        && matches!(da[r - 2], 16 | 32)
+        && da[r - 1].is_multiple_of(64)
         && db[r - 1] == 64
         && half(a)
         && half(b)
-        && layout[a].is_none_or(|l| l.ld.is_multiple_of(2))
+        && layout[a]
+            .is_some_and(|l| l.staged && l.vector && l.swz == Some(8) && l.inner == da[r - 1] && l.ld == l.inner)
         && layout[b].is_some_and(|l| l.swz == Some(8) && !l.blocks && l.ld == 64)
 }
 
@@ -1720,8 +1734,8 @@ impl Ctx<'_> {
         // Row-major rows, or unpadded rows swizzled as `swz<len, 8>`.
         let (ld, cty, sw) = match (self.vec_rows(x), self.layout[x], self.storage[x]) {
             (Some((ld, cty)), ..) => (ld, cty, ""),
-            (None, Some(l), Some(st)) if l.swz == Some(8) && !l.blocks && l.inner == len && st != Storage::F32 => {
-                (len, st.cty(), ", true")
+            (None, Some(l), Some(st)) if l.swz == Some(8) && l.inner == len && st != Storage::F32 => {
+                (len, st.cty(), if l.blocks && l.inner > 64 { ", true, true" } else { ", true" })
             }
             _ => return None,
         };

@@ -34,9 +34,10 @@ pub struct Options {
     /// an mbarrier of the first block, instead of stores released on the cluster barrier
     /// (`block_kernel::Knobs::async_push`; on by default).
     pub async_push: bool,
-    /// Loop matmuls summed in registers take the warpgroup tensor cores where they fit, on
-    /// sm_90 (`block_kernel::Knobs::wgmma_acc`; `MIRAGE_WGMMA_ACC=1`): an experiment, off by
-    /// default, not yet run on a GPU.
+    /// Every kernel's loop matmuls summed in registers take the warpgroup tensor cores where
+    /// they fit, on sm_90 (`block_kernel::Knobs::wgmma_acc`; `MIRAGE_WGMMA_ACC=1`), not only
+    /// those of block graphs that ask for it (`BlockGraph::warpgroup_acc`, the search's
+    /// warpgroup twins): off by default.
     pub wgmma_acc: bool,
 }
 
@@ -243,7 +244,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                     wgs: opts.ws_warpgroups,
                     lazy_merge: opts.lazy_merge,
                     async_push: opts.async_push,
-                    wgmma_acc: opts.wgmma_acc && opts.arch == 90,
+                    wgmma_acc: (opts.wgmma_acc || graph.warpgroup_acc) && opts.arch == 90,
                 };
                 let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch, knobs)?;
                 let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);

@@ -290,15 +290,18 @@ fn lazy_and_gathering_cluster_merges_compile() {
 
 #[test]
 fn warpgroup_loop_matmuls_compile() {
-    // `Options::wgmma_acc` (an experiment): RMSNorm+Linear and gated MLP with 64 columns a
-    // block and 2 to 32 rows (one or two warpgroups, clusters and not; f16 and bf16) sum their
-    // matmuls with `mi::MmaAccWG`, whose B stages sit on 1024-byte boundaries.
+    // `Options::wgmma_acc`: RMSNorm+Linear and gated MLP with 64 columns a block and 16 or
+    // 32 rows (one or two warpgroups, clusters and not; f16 and bf16) sum their matmuls with
+    // `mi::MmaAccWG`, whose stages sit on 1024-byte boundaries, X in column blocks (read so by
+    // the register row sums too); 2 rows keep the warp form.
     if !setup() {
         return;
     }
     let opts = Options { wgmma_acc: true, ..Options::for_arch(90) };
     for dt in [DType::Float16, DType::Bfloat16] {
-        for (m, threads) in [(2, 128), (32, 256), (16, 128)] {
+        let two = generate(&with_threads(zoo::rmsnorm_linear(2, 4096, 4096, 64, 16, dt).unwrap().ugraph, 128), &opts);
+        assert!(!two.unwrap().source.contains("mi::MmaAccWG<"));
+        for (m, threads) in [(32, 128), (32, 256), (16, 128)] {
             for pair in [
                 zoo::rmsnorm_linear(m, 4096, 4096, 64, 16, dt).unwrap(),
                 zoo::gated_mlp(m, 4096, 4096, 64, 16, dt).unwrap(),
@@ -309,12 +312,25 @@ fn warpgroup_loop_matmuls_compile() {
                 assert!(!p.source.contains("mi::MmaAcc<NT"), "{}", p.source);
                 assert!(p.source.contains("mi::fence_proxy_async();\n    __syncthreads();"), "{}", p.source);
                 assert!(p.source.contains("unsigned char mi_smem[]") && p.source.contains("__align__(1024)"));
+                assert!(p.source.contains("mi::swzb<256,"), "{}", p.source);
+                if m == 32 && p.source.contains("mi::RowSumAcc<") {
+                    assert!(p.source.contains(", true, true, true> rs"), "{}", p.source);
+                }
                 if let Err(e) = nvrtc::compile(&p.source, 90) {
                     panic!("warpgroup loop matmul ({m} rows, {threads} threads, {}) failed to compile: {e}", dt.name());
                 }
-                // Off (the default): the warp form.
+                // Off (the default): the warp form; a block graph asking for it
+                // (`warpgroup_acc`, the search's warpgroup twin) gets the same kernel.
                 let plain = generate(&g, &Options::for_arch(90)).unwrap().source;
                 assert!(!plain.contains("mi::MmaAccWG<") && plain.contains("mi::MmaAcc<NT"), "{plain}");
+                let mut asked = g.clone();
+                for op in &mut asked.ops {
+                    if let KernelOpKind::Customized { graph } = &mut op.kind {
+                        graph.warpgroup_acc = true;
+                    }
+                }
+                assert_eq!(generate(&asked, &Options::for_arch(90)).unwrap().source, p.source);
+                assert!(!generate(&asked, &Options::for_arch(80)).unwrap().source.contains("mi::MmaAccWG<"));
             }
         }
     }

@@ -51,8 +51,9 @@ pub struct VerifyOptions {
     /// GPU the model's cheapest verified candidate is chosen, so the default checks by launch
     /// shape only.
     pub spread: bool,
-    /// Add co-resident twins of the first verified candidates (`BlockGraph::smem_cap`), for
-    /// a GPU to time beside them; off by default (without a GPU the model chooses).
+    /// Add co-resident twins (`BlockGraph::smem_cap`) and warpgroup twins
+    /// (`BlockGraph::warpgroup_acc`) of the first verified candidates, for a GPU to time
+    /// beside them; off by default (without a GPU the model chooses).
     pub co_resident: bool,
 }
 

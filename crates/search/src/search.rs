@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use mirage_ugraph::block::{CO_RESIDENT_SMEM, ONE_WAVE_BLOCKS};
 use mirage_ugraph::types::row_major_strides;
-use mirage_ugraph::{graph_hash, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, UnaryOp};
+use mirage_ugraph::{graph_hash, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Phase, UnaryOp};
 use rayon::prelude::*;
 
 use crate::axioms::SaturationReport;
@@ -717,7 +717,7 @@ fn check_order(cands: &[Candidate], spread: bool, m: &CostModel) -> Vec<usize> {
 
 /// Verified candidates, the first this many in order, that get a co-resident twin
 /// ([`add_co_resident_twins`]).
-const CO_RESIDENT_TWINS: usize = 16;
+const CO_RESIDENT_TWINS: usize = 32;
 
 /// Places after each of the first [`CO_RESIDENT_TWINS`] verified candidates that has a
 /// one-wave streaming kernel ([`co_resident`]) its twin: the same graph with those kernels'
@@ -728,27 +728,78 @@ const CO_RESIDENT_TWINS: usize = 16;
 /// GPU's timing to decide (RMSNorm+Linear 4096 b=1 on the H200: 10.48-10.68 us against
 /// 10.82-10.99 us; b=16 14.3 against 12.0), so the twin goes beside its original, checked
 /// as it is (the cap changes no value).
+///
+/// Each of the first [`WARPGROUP_TWINS`] verified candidates, and its co-resident twin, also
+/// gets a warpgroup twin ([`warpgroup_twin`]) after it.
 fn add_co_resident_twins(cands: &mut Vec<Candidate>, m: &CostModel) {
-    let mut out = Vec::with_capacity(cands.len() + CO_RESIDENT_TWINS);
+    let mut out = Vec::with_capacity(cands.len() + CO_RESIDENT_TWINS + 2 * WARPGROUP_TWINS);
     let mut twins = 0;
     for c in cands.drain(..) {
-        let twin = (twins < CO_RESIDENT_TWINS && c.verification == Verification::Passed)
-            .then(|| co_resident_twin(&c.graph))
-            .flatten();
-        let twin = twin.map(|g| Candidate {
+        let passed = c.verification == Verification::Passed;
+        let twin_of = |g: KernelGraph| Candidate {
             cost: kernel_graph_cost(&g, m),
             hash: graph_hash(&g),
             customized_kernels: c.customized_kernels,
             graph: g,
             verification: Verification::Passed,
-        });
-        if c.verification == Verification::Passed {
+        };
+        let co = (twins < CO_RESIDENT_TWINS && passed).then(|| co_resident_twin(&c.graph)).flatten().map(twin_of);
+        let wg =
+            |g: &KernelGraph| (twins < WARPGROUP_TWINS && passed).then(|| warpgroup_twin(g)).flatten().map(twin_of);
+        let (wg_c, wg_co) = (wg(&c.graph), co.as_ref().and_then(|t| wg(&t.graph)));
+        if passed {
             twins += 1;
         }
         out.push(c);
-        out.extend(twin);
+        out.extend(wg_c);
+        out.extend(co);
+        out.extend(wg_co);
     }
     *cands = out;
+}
+
+/// Verified candidates, the first this many in order, that get a warpgroup twin (and their
+/// co-resident twins one).
+const WARPGROUP_TWINS: usize = 32;
+
+/// `g` with its kernels that have a loop matmul the code generator may sum on the
+/// warpgroup tensor cores (`BlockGraph::warpgroup_acc`: 16 or 32 rows of a 16-bit A, K a
+/// multiple of 64, 64 columns, whole warpgroups) asking for it; None where none has. Which
+/// form pays is the GPU's timing to decide (on the H200 it took RMSNorm+Linear 4096x6144
+/// b=16 from 17.4-17.5 to 17.0-17.2 us and gated MLP b=16 from 17.9 to 17.7, but 4096x6144
+/// b=8, two warpgroups over 16 rows, from 14.95 to 16.2).
+fn warpgroup_twin(g: &KernelGraph) -> Option<KernelGraph> {
+    let mut twin = g.clone();
+    let mut any = false;
+    for op in &mut twin.ops {
+        if let KernelOpKind::Customized { graph } = &mut op.kind {
+            if !graph.warpgroup_acc && warpgroup_fits(graph) {
+                graph.warpgroup_acc = true;
+                any = true;
+            }
+        }
+    }
+    any.then_some(twin)
+}
+
+/// Whether `bg` has a loop matmul of the warpgroup form's shape ([`warpgroup_twin`]).
+fn warpgroup_fits(bg: &BlockGraph) -> bool {
+    let threads: usize = bg.block_dim.iter().product();
+    threads.is_multiple_of(128)
+        && bg.ops.iter().any(|o| {
+            let [a, b] = o.inputs[..] else { return false };
+            let (ta, tb) = (&bg.tensors[a], &bg.tensors[b]);
+            let (da, db, r) = (&ta.dims, &tb.dims, ta.dims.len());
+            matches!(o.kind, BlockOpKind::Matmul)
+                && bg.tensors[o.outputs[0]].phase == Phase::Loop
+                && ta.dtype.size_bytes() == 2
+                && tb.dtype.size_bytes() == 2
+                && r >= 2
+                && da[..r - 2].iter().product::<usize>() == 1
+                && matches!(da[r - 2], 16 | 32)
+                && da[r - 1].is_multiple_of(64)
+                && db.last() == Some(&64)
+        })
 }
 
 /// `g` with the stages of its one-wave streaming kernels ([`co_resident`]) capped at

@@ -218,6 +218,16 @@ pub struct BlockGraph {
     /// blocks fit beside this call's and prefetch while it drains.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smem_cap: Option<usize>,
+    /// Sum the loop's matmuls on the warpgroup tensor cores where the code generator's
+    /// transposed form fits (sm_90; 16 or 32 rows times 64 columns): the search's warpgroup
+    /// twin sets it, and the GPU's timing decides between the two forms.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub warpgroup_acc: bool,
+}
+
+/// Serde's test for a default `false`.
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 const AXES: [&str; 3] = ["x", "y", "z"];
@@ -252,6 +262,7 @@ impl BlockGraph {
             ops: Vec::new(),
             tensors: Vec::new(),
             smem_cap: None,
+            warpgroup_acc: false,
         })
     }
 

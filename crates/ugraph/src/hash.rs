@@ -176,6 +176,9 @@ fn block_digest(b: &BlockGraph) -> Digest {
     if let Some(cap) = b.smem_cap {
         h.str("smem_cap").u64(cap as u64);
     }
+    if b.warpgroup_acc {
+        h.str("warpgroup_acc");
+    }
     for list in [&inputs, &outputs] {
         h.u64(list.len() as u64);
         list.iter().for_each(|d| {

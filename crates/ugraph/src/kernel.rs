@@ -383,6 +383,7 @@ impl BlockGraph {
     pub fn revalidate(&self) -> Result<BlockGraph> {
         let mut b = BlockGraph::new(self.grid_dim, self.block_dim, self.forloop_range, self.reduction_dimx)?;
         b.set_smem_cap(self.smem_cap)?;
+        b.warpgroup_acc = self.warpgroup_acc;
         for op in &self.ops {
             let ins = &op.inputs;
             for &i in ins {

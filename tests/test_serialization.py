@@ -261,52 +261,46 @@ def test_visualize_customized_graph(rng, tmp_path):
         assert name in text, name
 
 
-def test_the_warpgroup_flag_round_trips_changes_the_hash_not_the_values():
-    # `warpgroup_acc` (a warpgroup twin's form) is kept by JSON, left out where false, changes
-    # the hash (the twin is another candidate) and leaves the values alone.
+def _twin_with(rows: int, key: str, value: object) -> tuple[mi.KNGraph, dict]:
+    """RMSNorm+Linear (`rows` rows, 1024 x 512) and its JSON with `key` set to `value` on its
+    block graphs (checked absent before): the twin must round-trip through JSON, hash apart
+    from the original and compute the same values. Returns (original, twin's JSON)."""
     from mirage import _core
 
-    _, ug = _core.zoo_json("rmsnorm_linear", "float16", [32, 1024, 512, 8, 4])
+    _, ug = _core.zoo_json("rmsnorm_linear", "float16", [rows, 1024, 512, 8, 4])
     g = mi.from_json(ug)
     data = json.loads(g.to_json())
     for op in data["graph"]["ops"]:
         if op["kind"]["kind"] == "customized":
-            assert "warpgroup_acc" not in op["kind"]["graph"]
-            op["kind"]["graph"]["warpgroup_acc"] = True
+            assert key not in op["kind"]["graph"]
+            op["kind"]["graph"][key] = value
     twin = mi.from_json(json.dumps(data))
     assert json.loads(twin.to_json()) == data
     assert twin.hash() != g.hash()
-    rng = np.random.default_rng(4)
-    xs = [rng.standard_normal((32, 1024)) * 0.5, rng.standard_normal((1024, 512)) * 0.5]
+    rng = np.random.default_rng(rows)
+    xs = [rng.standard_normal((rows, 1024)) * 0.5, rng.standard_normal((1024, 512)) * 0.5]
     xs = [x.astype(np.float16) for x in xs]
     np.testing.assert_array_equal(twin(inputs=xs)[0], g(inputs=xs)[0])
+    return g, data
+
+
+def _set_on_block_graphs(data: dict, key: str, value: object) -> str:
     for op in data["graph"]["ops"]:
         if op["kind"]["kind"] == "customized":
-            op["kind"]["graph"]["warpgroup_acc"] = False
-    assert mi.from_json(json.dumps(data)).hash() == g.hash()
+            op["kind"]["graph"][key] = value
+    return json.dumps(data)
+
+
+def test_the_warpgroup_flag_round_trips_changes_the_hash_not_the_values():
+    # `warpgroup_acc` (a warpgroup twin's form) is kept by JSON, left out where false, changes
+    # the hash (the twin is another candidate) and leaves the values alone.
+    g, data = _twin_with(32, "warpgroup_acc", True)
+    assert mi.from_json(_set_on_block_graphs(data, "warpgroup_acc", False)).hash() == g.hash()
 
 
 def test_a_shared_memory_cap_round_trips_changes_the_hash_and_is_checked():
     # `smem_cap` (a co-resident twin's stage cap) is kept by JSON, changes the hash (the twin
     # is another candidate), leaves the values alone, and a zero cap is refused by name.
-    from mirage import _core
-
-    _, ug = _core.zoo_json("rmsnorm_linear", "float16", [2, 1024, 512, 8, 4])
-    g = mi.from_json(ug)
-    data = json.loads(g.to_json())
-    for op in data["graph"]["ops"]:
-        if op["kind"]["kind"] == "customized":
-            assert "smem_cap" not in op["kind"]["graph"]
-            op["kind"]["graph"]["smem_cap"] = 64 * 1024
-    twin = mi.from_json(json.dumps(data))
-    assert json.loads(twin.to_json()) == data
-    assert twin.hash() != g.hash()
-    rng = np.random.default_rng(3)
-    xs = [rng.standard_normal((2, 1024)) * 0.5, rng.standard_normal((1024, 512)) * 0.5]
-    xs = [x.astype(np.float16) for x in xs]
-    np.testing.assert_array_equal(twin(inputs=xs)[0], g(inputs=xs)[0])
-    for op in data["graph"]["ops"]:
-        if op["kind"]["kind"] == "customized":
-            op["kind"]["graph"]["smem_cap"] = 0
+    _, data = _twin_with(2, "smem_cap", 64 * 1024)
     with pytest.raises(ValueError, match="smem_cap: a shared-memory cap must be at least 1 byte"):
-        mi.from_json(json.dumps(data))
+        mi.from_json(_set_on_block_graphs(data, "smem_cap", 0))

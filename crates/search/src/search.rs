@@ -261,7 +261,7 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig) -> Result<SearchResult> {
     let total = candidates.len();
     let (verified, failed, online_softmax_rewrites) = verify_all(reference, cfg, &ctl, &mut candidates);
     if cfg.verify.co_resident {
-        add_co_resident_twins(&mut candidates, &cfg.cost_model);
+        add_twins(&mut candidates, &cfg.cost_model);
     }
     let c = &ctl.counters;
     let stats = SearchStats {
@@ -716,7 +716,7 @@ fn check_order(cands: &[Candidate], spread: bool, m: &CostModel) -> Vec<usize> {
 }
 
 /// Verified candidates, the first this many in order, that get a co-resident twin
-/// ([`add_co_resident_twins`]).
+/// ([`add_twins`]).
 const CO_RESIDENT_TWINS: usize = 32;
 
 /// Places after each of the first [`CO_RESIDENT_TWINS`] verified candidates that has a
@@ -731,7 +731,7 @@ const CO_RESIDENT_TWINS: usize = 32;
 ///
 /// Each of the first [`WARPGROUP_TWINS`] verified candidates, and its co-resident twin, also
 /// gets a warpgroup twin ([`warpgroup_twin`]) after it.
-fn add_co_resident_twins(cands: &mut Vec<Candidate>, m: &CostModel) {
+fn add_twins(cands: &mut Vec<Candidate>, m: &CostModel) {
     let mut out = Vec::with_capacity(cands.len() + CO_RESIDENT_TWINS + 2 * WARPGROUP_TWINS);
     let mut twins = 0;
     for c in cands.drain(..) {

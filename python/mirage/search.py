@@ -90,7 +90,7 @@ _GPU_TOP_N = 64
 _CACHE_FORMAT = "mirage-rs/search-result"
 _CACHE_VERSION = 44
 #: Candidates compiled and timed on a GPU: every one verified there, with the twins the
-#: search adds beside the first (co-resident and warpgroup forms, up to 64 more). The cost
+#: search adds beside the first (co-resident and warpgroup forms), the first 128 in all. The cost
 #: model ranks attention forms roughly (the twelfth session's winners sat up to 26th of
 #: 28-38), so the timings decide among all of them.
 PROFILE_TOP_N = 2 * _GPU_TOP_N

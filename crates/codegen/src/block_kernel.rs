@@ -1031,10 +1031,11 @@ fn emit_with(
     }
 
     let flash_end = steps.iter().position(|(_, st)| *st == Step::FlashEnd);
-    // Loop matmuls summed on the warpgroup tensor cores (`Knobs::wgmma_acc`), and their B tiles.
+    // Loop matmuls summed on the warpgroup tensor cores (`Knobs::wgmma_acc`), and their A and
+    // B tiles (1024-byte aligned, A in column blocks).
     let loop_mm = |j: usize| steps.iter().any(|&(_, st)| matches!(st, Step::MatAcc { op, .. } if op == j));
     let mut wg_acc: Vec<bool> =
-        (0..n_ops).map(|j| knobs.wgmma_acc && loop_mm(j) && wg_acc_fits(bg, nt, j, &layout, &storage)).collect();
+        (0..n_ops).map(|j| knobs.wgmma_acc && loop_mm(j) && wg_acc_fits(bg, j, &layout, &storage)).collect();
     // Its A goes in column blocks, which `mi::MmaAcc` does not read: an A that another loop
     // matmul reads in the warp form keeps its rows.
     for j in 0..n_ops {
@@ -1274,27 +1275,20 @@ fn accumulated_matmul(bg: &BlockGraph, acc: usize) -> Option<usize> {
     bg.ops.iter().position(|o| matches!(o.kind, BlockOpKind::Matmul) && o.outputs[0] == x)
 }
 
-/// Whether loop matmul `op` fits `mi::MmaAccWG` (the transposed warpgroup form): one batch
-/// item of 16 or 32 rows of a 16-bit A staged unpadded with the 128-byte swizzle (its rows
-/// then go in column blocks of 64) times a 16-bit B of 64 columns stored likewise (no
-/// blocks), K a multiple of 64, whole warpgroups.
-fn wg_acc_fits(bg: &BlockGraph, nt: usize, op: usize, layout: &[Option<Layout>], storage: &[Option<Storage>]) -> bool {
-    let o = &bg.ops[op];
-    if !matches!(o.kind, BlockOpKind::Matmul) || !nt.is_multiple_of(128) {
+/// Whether loop matmul `op` fits `mi::MmaAccWG` (the transposed warpgroup form): the shape
+/// `BlockGraph::warpgroup_matmul` takes, with A staged in 16-bit storage unpadded with the
+/// 128-byte swizzle (its rows then go in column blocks of 64) and B stored likewise (no
+/// blocks).
+fn wg_acc_fits(bg: &BlockGraph, op: usize, layout: &[Option<Layout>], storage: &[Option<Storage>]) -> bool {
+    if !bg.warpgroup_matmul(op) {
         return false;
     }
-    let (a, b) = (o.inputs[0], o.inputs[1]);
-    let (da, db) = (&bg.tensors[a].dims, &bg.tensors[b].dims);
-    let r = da.len();
+    let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
+    let k = *bg.tensors[a].dims.last().unwrap_or(&0);
     let half = |t: STensorId| storage[t].is_some_and(|st| st != Storage::F32);
-    numel(&da[..r - 2]) == 1
-        && matches!(da[r - 2], 16 | 32)
-        && da[r - 1].is_multiple_of(64)
-        && db[r - 1] == 64
-        && half(a)
+    half(a)
         && half(b)
-        && layout[a]
-            .is_some_and(|l| l.staged && l.vector && l.swz == Some(8) && l.inner == da[r - 1] && l.ld == l.inner)
+        && layout[a].is_some_and(|l| l.staged && l.vector && l.swz == Some(8) && l.inner == k && l.ld == l.inner)
         && layout[b].is_some_and(|l| l.swz == Some(8) && !l.blocks && l.ld == 64)
 }
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use mirage_ugraph::block::{CO_RESIDENT_SMEM, ONE_WAVE_BLOCKS};
 use mirage_ugraph::types::row_major_strides;
-use mirage_ugraph::{graph_hash, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Phase, UnaryOp};
+use mirage_ugraph::{graph_hash, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, UnaryOp};
 use rayon::prelude::*;
 
 use crate::axioms::SaturationReport;
@@ -773,33 +773,13 @@ fn warpgroup_twin(g: &KernelGraph) -> Option<KernelGraph> {
     let mut any = false;
     for op in &mut twin.ops {
         if let KernelOpKind::Customized { graph } = &mut op.kind {
-            if !graph.warpgroup_acc && warpgroup_fits(graph) {
+            if !graph.warpgroup_acc && (0..graph.ops.len()).any(|j| graph.warpgroup_matmul(j)) {
                 graph.warpgroup_acc = true;
                 any = true;
             }
         }
     }
     any.then_some(twin)
-}
-
-/// Whether `bg` has a loop matmul of the warpgroup form's shape ([`warpgroup_twin`]).
-fn warpgroup_fits(bg: &BlockGraph) -> bool {
-    let threads: usize = bg.block_dim.iter().product();
-    threads.is_multiple_of(128)
-        && bg.ops.iter().any(|o| {
-            let [a, b] = o.inputs[..] else { return false };
-            let (ta, tb) = (&bg.tensors[a], &bg.tensors[b]);
-            let (da, db, r) = (&ta.dims, &tb.dims, ta.dims.len());
-            matches!(o.kind, BlockOpKind::Matmul)
-                && bg.tensors[o.outputs[0]].phase == Phase::Loop
-                && ta.dtype.size_bytes() == 2
-                && tb.dtype.size_bytes() == 2
-                && r >= 2
-                && da[..r - 2].iter().product::<usize>() == 1
-                && matches!(da[r - 2], 16 | 32)
-                && da[r - 1].is_multiple_of(64)
-                && db.last() == Some(&64)
-        })
 }
 
 /// `g` with the stages of its one-wave streaming kernels ([`co_resident`]) capped at

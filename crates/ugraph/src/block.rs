@@ -280,6 +280,28 @@ impl BlockGraph {
         self.grid_dim.iter().product()
     }
 
+    /// Whether op `op` is a loop matmul of the shape the warpgroup form sums
+    /// ([`BlockGraph::warpgroup_acc`]): one batch item of 16 or 32 rows of a 16-bit A, K a
+    /// multiple of 64, a 16-bit B of 64 columns, in a block of whole warpgroups (128
+    /// threads). The rule the search's warpgroup twins and the code generator share; the
+    /// generator adds its tile layouts' conditions.
+    pub fn warpgroup_matmul(&self, op: usize) -> bool {
+        let o = &self.ops[op];
+        let threads: usize = self.block_dim.iter().product();
+        let (BlockOpKind::Matmul, &[a, b]) = (&o.kind, &o.inputs[..]) else { return false };
+        let (ta, tb) = (&self.tensors[a], &self.tensors[b]);
+        let (da, r) = (&ta.dims, ta.dims.len());
+        threads.is_multiple_of(128)
+            && self.tensors[o.outputs[0]].phase == Phase::Loop
+            && ta.dtype.size_bytes() == 2
+            && tb.dtype.size_bytes() == 2
+            && r >= 2
+            && numel(&da[..r - 2]) == 1
+            && matches!(da[r - 2], 16 | 32)
+            && da[r - 1].is_multiple_of(64)
+            && tb.dims.last() == Some(&64)
+    }
+
     /// Shared memory up to which the loop's input tiles are multi-buffered
     /// ([`pipeline_budget`] of the grid's block count, within [`BlockGraph::smem_cap`]).
     pub fn pipeline_budget(&self) -> usize {

@@ -152,6 +152,9 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 // One 16-byte global -> shared copy: asynchronous (cp.async, L1 bypassed) on sm_80+, with
 // L2 prefetching the whole 128-byte line (H100: +1.7% over the bench's winners, 4-7% on the
 // weight-streaming ones; 256 bytes was slower).
+// No L2 cache policy here: with `.L2::cache_hint` (evict_first on the weight tiles, up to
+// 1.9 us faster on the H200's RMSNorm+Linear winners) some kernels stopped with an illegal
+// instruction at the copy, in every form tried (BENCHMARKS.md, forty-fourth session).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);

@@ -153,8 +153,9 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 // L2 prefetching the whole 128-byte line (H100: +1.7% over the bench's winners, 4-7% on the
 // weight-streaming ones; 256 bytes was slower).
 // No L2 cache policy here: with `.L2::cache_hint` (evict_first on the weight tiles, up to
-// 1.9 us faster on the H200's RMSNorm+Linear winners) some kernels stopped with an illegal
-// instruction at the copy, in every form tried (BENCHMARKS.md, forty-fourth session).
+// 1.9 us faster on the H200's RMSNorm+Linear winners) CUDA 13.0's ptxas encoded some copies
+// as `LDGSTS [R+UR], desc[UR1]` (an odd descriptor register): an illegal instruction. The
+// branch `s44-evict-first` has the form that avoids it (BENCHMARKS.md, forty-fourth session).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);

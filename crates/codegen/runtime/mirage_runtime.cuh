@@ -152,15 +152,27 @@ __device__ __forceinline__ bool aligned16(const void* p) {
 // One 16-byte global -> shared copy: asynchronous (cp.async, L1 bypassed) on sm_80+, with
 // L2 prefetching the whole 128-byte line (H100: +1.7% over the bench's winners, 4-7% on the
 // weight-streaming ones; 256 bytes was slower).
-// No L2 cache policy here: with `.L2::cache_hint` (evict_first on the weight tiles, up to
-// 1.9 us faster on the H200's RMSNorm+Linear winners) CUDA 13.0's ptxas encoded some copies
-// as `LDGSTS [R+UR], desc[UR1]` (an odd descriptor register): an illegal instruction. The
-// branch `s44-evict-first` has the form that avoids it (BENCHMARKS.md, forty-fourth session).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 #else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+// `cp_async16` with L2 cache policy `pol` (`l2_policy`). The shared address goes through a
+// shuffle of the lane's own value: ptxas then cannot split a warp-uniform part of it into a
+// uniform register. With that split (`LDGSTS [R+UR], desc[..]`) the ptxas of CUDA 13.0's NVRTC
+// encoded the policy's descriptor as an odd uniform register (`desc[UR1]`), and the copy
+// stopped the kernel with an illegal instruction (the zoo's fp32 gated MLP, a RMSNorm+Linear
+// candidate; BENCHMARKS.md, forty-fourth session).
+__device__ __forceinline__ void cp_async16_pol(void* smem, const void* gmem, unsigned long long pol) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = __shfl_sync(0xffffffffu, (unsigned)__cvta_generic_to_shared(smem), (int)(threadIdx.x & 31));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(pol)
+               : "memory");
+#else
+  (void)pol;
   *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
 #endif
 }

@@ -39,6 +39,9 @@ pub struct Options {
     /// those of block graphs that ask for it (`BlockGraph::warpgroup_acc`, the search's
     /// warpgroup twins): off by default.
     pub wgmma_acc: bool,
+    /// Copies of graph-input tiles that only one block reads, once, carry the L2 policy
+    /// evict_first (`block_kernel::Knobs::evict_first`; `MIRAGE_EVICT_FIRST=0` turns it off).
+    pub evict_first: bool,
 }
 
 /// Consumer warpgroups of the interleaved warp-specialised attention loop (64 query rows a
@@ -67,6 +70,7 @@ impl Options {
             lazy_merge: true,
             async_push: true,
             wgmma_acc: false,
+            evict_first: true,
         }
     }
 
@@ -78,6 +82,7 @@ impl Options {
             lazy_merge: Self::flag_from_env("MIRAGE_LAZY_MERGE", true)?,
             async_push: Self::flag_from_env("MIRAGE_ASYNC_PUSH", true)?,
             wgmma_acc: Self::flag_from_env("MIRAGE_WGMMA_ACC", false)?,
+            evict_first: Self::flag_from_env("MIRAGE_EVICT_FIRST", true)?,
             ..Self::for_arch(arch)
         })
     }
@@ -85,7 +90,8 @@ impl Options {
     /// A setting environment variable `var` may turn on (1) or off (0), `default` when unset
     /// or empty: `MIRAGE_LAZY_MERGE` (0: the gathering cluster merge), `MIRAGE_ASYNC_PUSH` (0:
     /// the merge's pushes released on the cluster barrier), `MIRAGE_WGMMA_ACC` (1: loop
-    /// matmuls on the warpgroup tensor cores). Any other value is an error naming the variable.
+    /// matmuls on the warpgroup tensor cores), `MIRAGE_EVICT_FIRST` (0: no L2 policy on the
+    /// copies of tiles read once). Any other value is an error naming the variable.
     pub fn flag_from_env(var: &str, default: bool) -> Result<bool> {
         let v = std::env::var(var).unwrap_or_default();
         match v.trim() {
@@ -245,6 +251,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                     lazy_merge: opts.lazy_merge,
                     async_push: opts.async_push,
                     wgmma_acc: (opts.wgmma_acc || graph.warpgroup_acc) && opts.arch == 90,
+                    evict_first: opts.evict_first,
                 };
                 let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch, knobs)?;
                 let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);

@@ -336,6 +336,46 @@ fn warpgroup_loop_matmuls_compile() {
     }
 }
 
+#[test]
+fn read_once_copies_carry_the_l2_policy() {
+    // `Options::evict_first` (the default): the weight tiles each block reads alone take
+    // `mi::cp_async16_pol` with the evict_first policy, the X tile that every column block
+    // shares the plain copy; off, no copy carries a policy. Both compile for sm_80 and sm_90
+    // in every dtype (the fp32 gated MLP of 3 rows is the kernel the unshuffled form broke).
+    if !setup() {
+        return;
+    }
+    for dt in [DType::Float16, DType::Bfloat16, DType::Float32] {
+        for pair in
+            [zoo::rmsnorm_linear(32, 512, 512, 8, 4, dt).unwrap(), zoo::gated_mlp(3, 256, 512, 8, 4, dt).unwrap()]
+        {
+            for arch in [80, 90] {
+                let on = generate(&pair.ugraph, &Options::for_arch(arch)).unwrap().source;
+                let kernels = on.split("generated kernels").nth(1).unwrap_or_default();
+                assert!(kernels.contains("// input 1 -> t"), "{kernels}");
+                // The copies' blocks (`{ // input K -> tT`), not the prefetches' (`{ // input K`).
+                let loads = kernels
+                    .split("{ // input ")
+                    .skip(1)
+                    .filter(|b| b.lines().next().is_some_and(|l| l.contains(" -> t")));
+                for block in loads {
+                    let once = block.contains("mi::cp_async16_pol(");
+                    assert_eq!(once, !block.starts_with('0'), "input {}", &block[..40.min(block.len())]);
+                    assert_eq!(block.contains("mi::l2_policy<false>()"), once);
+                }
+                let off = Options { evict_first: false, ..Options::for_arch(arch) };
+                let plain = generate(&pair.ugraph, &off).unwrap().source;
+                assert!(!plain.split("generated kernels").nth(1).unwrap_or_default().contains("_pol("));
+                for src in [&on, &plain] {
+                    if let Err(e) = nvrtc::compile(src, arch) {
+                        panic!("{} (sm_{arch}) failed to compile: {e}", pair.name);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The zoo's one-kernel attention with `threads` threads a block.
 fn one_kernel_attention(a: Attn, dt: DType, threads: usize) -> KernelGraph {
     with_threads(zoo::attention_one_kernel(a, dt).unwrap().ugraph, threads)

@@ -53,7 +53,8 @@ fn loop_tiles_are_pipelined_with_vector_copies() {
     assert!(src.contains("if (mi::aligned16(in1))"), "pointer alignment is checked: {src}");
     // One address pair per tile and thread; the copies add constants (W [256, 32]: 128 threads
     // of 8 elements cover 32 rows, of pitch 32 in shared memory and 4096 in W).
-    assert!(src.contains("mi::cp_async16(dst + 1024, src + 131072LL);"), "{src}");
+    // W's tiles, each block's own, read once: with the L2 policy evict_first.
+    assert!(src.contains("mi::cp_async16_pol(dst + 1024, src + 131072LL, mi_once);"), "{src}");
     // W's rows of 64 bytes are swizzled, not padded, and the matmul reads B through the swizzle;
     // X's two rows are padded (read a word at a time).
     assert!(src.contains("mi::swz<32, 8>(i)"), "{src}");
@@ -236,7 +237,7 @@ fn the_first_stage_is_in_flight_while_q_is_normalised_before_the_loop() {
     let norm = src.find("mi::rms_norm_rows_ld<").expect("Q's norm from device memory");
     let commit = src.find("mi::cp_async_commit();").expect("a copy group");
     assert!(commit < norm, "{src}");
-    let first_copy = src.find("mi::cp_async16(").expect("a copy");
+    let first_copy = src.find("mi::cp_async16").expect("a copy");
     assert!(first_copy < norm, "{src}");
 }
 

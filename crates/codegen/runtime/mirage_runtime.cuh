@@ -168,7 +168,8 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 // candidate; BENCHMARKS.md, forty-fourth session).
 __device__ __forceinline__ void cp_async16_pol(void* smem, const void* gmem, unsigned long long pol) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = __shfl_sync(0xffffffffu, (unsigned)__cvta_generic_to_shared(smem), (int)(threadIdx.x & 31));
+  // (The active lanes' mask: a copy loop's last round may leave lanes out.)
+  const unsigned s = __shfl_sync(__activemask(), (unsigned)__cvta_generic_to_shared(smem), (int)(threadIdx.x & 31));
   asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(pol)
                : "memory");
 #else

@@ -1894,7 +1894,7 @@ impl Ctx<'_> {
     /// that these lines leave the L2 before those read again (a tile other blocks share, a
     /// later kernel's workspace) and before the next call's prefetched first stages
     /// (`prefetches`). H200, saved winners, one call, µs (without -> with; the policy made
-    /// per copy, the shared address not yet through a shuffle): RMSNorm+Linear 4096 b=1/8/16
+    /// once a tile, the shared address not yet through a shuffle): RMSNorm+Linear 4096 b=1/8/16
     /// 10.3/10.2/10.9 -> 9.4/9.6/10.7, 4096x6144 15.3/15.0/16.7 -> 13.4/14.2/16.3, gated MLP
     /// 17.3/18.0/17.8 -> 16.3/16.7/17.0; LoRA, MHA and nTrans within noise.
     fn read_once(&self, k: usize, op: usize) -> bool {

@@ -160,21 +160,28 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
 #endif
 }
-// `cp_async16` with L2 cache policy `pol` (`l2_policy`). The shared address goes through a
-// shuffle of the lane's own value: ptxas then cannot split a warp-uniform part of it into a
-// uniform register. With that split (`LDGSTS [R+UR], desc[..]`) the ptxas of CUDA 13.0's NVRTC
-// encoded the policy's descriptor as an odd uniform register (`desc[UR1]`), and the copy
-// stopped the kernel with an illegal instruction (the zoo's fp32 gated MLP, a RMSNorm+Linear
-// candidate; BENCHMARKS.md, forty-fourth session).
-__device__ __forceinline__ void cp_async16_pol(void* smem, const void* gmem, unsigned long long pol) {
+// The shared-memory address of `smem` through a shuffle of the lane's own value: ptxas then
+// cannot split a warp-uniform part of it into a uniform register. With that split (`LDGSTS
+// [R+UR], desc[..]`) the ptxas of CUDA 13.0's NVRTC encoded an L2 policy's descriptor as an odd
+// uniform register (`desc[UR1]`), and the copy stopped the kernel with an illegal instruction
+// (the zoo's fp32 gated MLP, a RMSNorm+Linear candidate; BENCHMARKS.md, forty-fourth session).
+// One shuffle a tile: its copies add constants to it (`R+imm` addresses).
+__device__ __forceinline__ unsigned smem_lane(const void* smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   // (The active lanes' mask: a copy loop's last round may leave lanes out.)
-  const unsigned s = __shfl_sync(__activemask(), (unsigned)__cvta_generic_to_shared(smem), (int)(threadIdx.x & 31));
+  return __shfl_sync(__activemask(), (unsigned)__cvta_generic_to_shared(smem), (int)(threadIdx.x & 31));
+#else
+  return (unsigned)__cvta_generic_to_shared(smem);
+#endif
+}
+// `cp_async16` to shared address `s` (`smem_lane`) with L2 cache policy `pol` (`l2_policy`).
+__device__ __forceinline__ void cp_async16_pol(unsigned s, const void* gmem, unsigned long long pol) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(pol)
                : "memory");
 #else
   (void)pol;
-  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+  *reinterpret_cast<uint4*>(__cvta_shared_to_generic(s)) = *reinterpret_cast<const uint4*>(gmem);
 #endif
 }
 

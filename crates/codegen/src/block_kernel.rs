@@ -1823,7 +1823,6 @@ impl Ctx<'_> {
         wl!(s, "{{ // input {k} -> t{t}");
         wl!(s, "  const long long base = {base};");
         let once = self.evict_first && self.read_once(k, op);
-        let (cp16, pol) = if once { ("mi::cp_async16_pol", ", mi_once") } else { ("mi::cp_async16", "") };
         // Element by element: fp32 values through 4-byte cp.async (a staged tile's copies then
         // stay in flight like the vector ones; a plain load would stall its iteration).
         let (to, from) = (
@@ -1855,8 +1854,18 @@ impl Ctx<'_> {
                     Self::tile_elem_offset(tile, &dev.strides, "i")
                 );
                 wl!(s, "    auto* const dst = {dst} + {};", l.index("i"));
+                if once {
+                    // One shuffled shared address a tile (`mi::smem_lane`); copies add bytes.
+                    wl!(s, "    const unsigned sdst = mi::smem_lane(dst);");
+                }
+                let bytes = dev.storage.size_bytes() as i64;
                 for (sc, dc) in steps {
-                    wl!(s, "    {cp16}(dst + {dc}, src + {sc}LL{pol});");
+                    if once {
+                        let (op, off) = if dc < 0 { ('-', -dc * bytes) } else { ('+', dc * bytes) };
+                        wl!(s, "    mi::cp_async16_pol(sdst {op} {off}u, src + {sc}LL, mi_once);");
+                    } else {
+                        wl!(s, "    mi::cp_async16(dst + {dc}, src + {sc}LL);");
+                    }
                 }
             } else {
                 if whole {
@@ -1867,12 +1876,12 @@ impl Ctx<'_> {
                     wl!(s, "    for (int c = tid; c < {chunks}; c += NT) {{");
                     wl!(s, "      const unsigned i = (unsigned)c * {vec}u;");
                 }
-                wl!(
-                    s,
-                    "      {cp16}({dst} + {}, in{k} + base + {}{pol});",
-                    l.index("i"),
-                    Self::tile_elem_offset(tile, &dev.strides, "i")
-                );
+                let (to, from) = (format!("{dst} + {}", l.index("i")), Self::tile_elem_offset(tile, &dev.strides, "i"));
+                if once {
+                    wl!(s, "      mi::cp_async16_pol(mi::smem_lane({to}), in{k} + base + {from}, mi_once);");
+                } else {
+                    wl!(s, "      mi::cp_async16({to}, in{k} + base + {from});");
+                }
                 wl!(s, "    }}");
             }
             wl!(s, "  }} else {{");
@@ -1893,10 +1902,10 @@ impl Ctx<'_> {
     /// the loop if there is one. Its 16-byte copies then carry the L2 policy evict_first, so
     /// that these lines leave the L2 before those read again (a tile other blocks share, a
     /// later kernel's workspace) and before the next call's prefetched first stages
-    /// (`prefetches`). H200, saved winners, one call, µs (without -> with; the policy made
-    /// once a tile, the shared address not yet through a shuffle): RMSNorm+Linear 4096 b=1/8/16
-    /// 10.3/10.2/10.9 -> 9.4/9.6/10.7, 4096x6144 15.3/15.0/16.7 -> 13.4/14.2/16.3, gated MLP
-    /// 17.3/18.0/17.8 -> 16.3/16.7/17.0; LoRA, MHA and nTrans within noise.
+    /// (`prefetches`). H200, the forty-third session's winners, one call, medians of three
+    /// rounds, µs (without -> with): RMSNorm+Linear 4096 b=1/8/16 10.3/10.4/11.0 ->
+    /// 9.5/9.7/11.0, 4096x6144 14.9/15.2/16.7 -> 13.5/14.7/16.4, gated MLP 17.5/18.4/18.1 ->
+    /// 16.5/17.1/17.3; LoRA and nTrans within noise.
     fn read_once(&self, k: usize, op: usize) -> bool {
         let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[op].kind else { return false };
         matches!(self.ins[k].location, BufferRef::Input(_))

@@ -251,7 +251,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                     lazy_merge: opts.lazy_merge,
                     async_push: opts.async_push,
                     wgmma_acc: (opts.wgmma_acc || graph.warpgroup_acc) && opts.arch == 90,
-                    evict_first: opts.evict_first,
+                    evict_first: opts.evict_first && opts.arch >= 80,
                 };
                 let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch, knobs)?;
                 let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);

@@ -371,6 +371,34 @@ fn read_once_copies_carry_the_l2_policy() {
                         panic!("{} (sm_{arch}) failed to compile: {e}", pair.name);
                     }
                 }
+                // No copy's memory descriptor (a 64-bit uniform register pair) starts at an odd
+                // register (`desc[UR1]`, after CUDA 13.0's ptxas split a uniform part of the
+                // shared address, `LDGSTS [R+UR]`: an illegal instruction), and the hinted
+                // copies' shared addresses (one shuffle a tile) keep no uniform register.
+                if arch == 90 && nvdisasm_or_skip() {
+                    let cubin = nvrtc::compile(&on, arch).unwrap();
+                    let mut hinted = 0;
+                    for k in sass::disassemble(&cubin).unwrap() {
+                        let shuffled: Vec<&str> = k
+                            .instructions
+                            .iter()
+                            .filter(|i| i.starts_with("SHFL.IDX"))
+                            .filter_map(|i| i.split(' ').nth(2).map(|r| r.trim_end_matches(',')))
+                            .collect();
+                        for i in k.instructions.iter().filter(|i| i.contains("LDGSTS")) {
+                            let desc = i.split("desc[UR").nth(1).and_then(|d| d.split(']').next());
+                            let odd = desc.and_then(|d| d.parse::<u32>().ok()).is_some_and(|r| r % 2 == 1);
+                            assert!(!odd, "{} {}: {i}", pair.name, k.name);
+                            let addr = i.split('[').nth(1).unwrap_or_default();
+                            let base = addr.split(['+', ']']).next().unwrap_or_default();
+                            if shuffled.contains(&base) {
+                                hinted += 1;
+                                assert!(!addr.contains("UR"), "{} {}: {i}", pair.name, k.name);
+                            }
+                        }
+                    }
+                    assert!(hinted > 0, "{} ({dt:?}): no copy from a shuffled address", pair.name);
+                }
             }
         }
     }

@@ -54,7 +54,7 @@ fn loop_tiles_are_pipelined_with_vector_copies() {
     // One address pair per tile and thread; the copies add constants (W [256, 32]: 128 threads
     // of 8 elements cover 32 rows, of pitch 32 in shared memory and 4096 in W).
     // W's tiles, each block's own, read once: with the L2 policy evict_first.
-    assert!(src.contains("mi::cp_async16_pol(dst + 1024, src + 131072LL, mi_once);"), "{src}");
+    assert!(src.contains("mi::cp_async16_pol(sdst + 2048u, src + 131072LL, mi_once);"), "{src}");
     // W's rows of 64 bytes are swizzled, not padded, and the matmul reads B through the swizzle;
     // X's two rows are padded (read a word at a time).
     assert!(src.contains("mi::swz<32, 8>(i)"), "{src}");

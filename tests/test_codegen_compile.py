@@ -160,6 +160,7 @@ def test_cuda_sass_lists_each_kernels_instructions(monkeypatch):
         ("MIRAGE_LAZY_MERGE", ("0", "1", " 1 ", ""), "yes", 'must be 0 or 1, got "yes"'),
         ("MIRAGE_ASYNC_PUSH", ("0", "1", " 0 ", ""), "on", 'must be 0 or 1, got "on"'),
         ("MIRAGE_WGMMA_ACC", ("0", "1", ""), "2", 'must be 0 or 1, got "2"'),
+        ("MIRAGE_EVICT_FIRST", ("0", "1", ""), "off", 'must be 0 or 1, got "off"'),
     ],
 )
 def test_codegen_settings_from_the_environment_are_checked(monkeypatch, var, good, bad, message):
@@ -172,6 +173,20 @@ def test_codegen_settings_from_the_environment_are_checked(monkeypatch, var, goo
     monkeypatch.setenv(var, bad)
     with pytest.raises(ValueError, match=f"{var} {message}"):
         g.cuda_source(90)
+
+
+def test_weight_tiles_read_once_carry_the_l2_policy_unless_turned_off(monkeypatch):
+    # The zoo's fused RMSNorm + Linear (grid over W's columns, a loop over K): W's tiles are
+    # each block's own (evict_first), X's are shared by all blocks (plain copies).
+    _, ug = _core.zoo_json("rmsnorm_linear", "float16", [32, 512, 512, 8, 4])
+    best = mi.from_json(ug)
+    src = best.cuda_source(90)
+    assert "mi::cp_async16_pol(" in src and "mi::l2_policy<false>()" in src
+    assert "mi::cp_async16(" in src.split("generated kernels")[1]
+    monkeypatch.setenv("MIRAGE_EVICT_FIRST", "0")
+    plain = best.cuda_source(90).split("generated kernels")[1]
+    assert "_pol(" not in plain and "l2_policy" not in plain
+    assert "mi::cp_async16_pol(" not in best.cuda_source(80).split("generated kernels")[1]
 
 
 def test_compile_error_reports_the_nvrtc_log():

@@ -28,7 +28,9 @@ onto an mbarrier of the first block; ``MIRAGE_ASYNC_PUSH=0`` stores them and rel
 the cluster barrier instead. Loop matmuls of 64 columns and 16 or 32 rows are summed on the
 warpgroup tensor cores (sm_90) where a block graph asks for it (``warpgroup_acc``: the
 search's warpgroup twins, timed beside the warp form); ``MIRAGE_WGMMA_ACC=1`` (``0`` or unset:
-off) asks for every kernel. Another value of these raises ValueError.
+off) asks for every kernel. Copies of graph-input tiles each block reads alone, once (a
+weight's tiles), carry the L2 policy evict_first (sm_80 and later); ``MIRAGE_EVICT_FIRST=0``
+copies them plainly. Another value of these raises ValueError.
 
 On sm_90 and later the kernels are launched as programmatic dependents of the previous kernel
 in the stream: each may be scheduled while that one drains, and waits for it to finish before

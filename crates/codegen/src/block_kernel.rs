@@ -1905,7 +1905,7 @@ impl Ctx<'_> {
     /// (`prefetches`). H200, the forty-third session's winners, one call, medians of three
     /// rounds, µs (without -> with): RMSNorm+Linear 4096 b=1/8/16 10.3/10.4/11.0 ->
     /// 9.5/9.7/11.0, 4096x6144 14.9/15.2/16.7 -> 13.5/14.7/16.4, gated MLP 17.5/18.4/18.1 ->
-    /// 16.5/17.1/17.3; LoRA and nTrans within noise.
+    /// 16.5/17.1/17.3; LoRA +0.02-0.06, nTrans within 0.01.
     fn read_once(&self, k: usize, op: usize) -> bool {
         let BlockOpKind::Input { imap, forloop_dim, .. } = self.bg.ops[op].kind else { return false };
         matches!(self.ins[k].location, BufferRef::Input(_))

@@ -366,17 +366,17 @@ fn read_once_copies_carry_the_l2_policy() {
                 let off = Options { evict_first: false, ..Options::for_arch(arch) };
                 let plain = generate(&pair.ugraph, &off).unwrap().source;
                 assert!(!plain.split("generated kernels").nth(1).unwrap_or_default().contains("_pol("));
-                for src in [&on, &plain] {
-                    if let Err(e) = nvrtc::compile(src, arch) {
-                        panic!("{} (sm_{arch}) failed to compile: {e}", pair.name);
-                    }
-                }
+                let compile = |src: &str| {
+                    nvrtc::compile(src, arch)
+                        .unwrap_or_else(|e| panic!("{} (sm_{arch}) failed to compile: {e}", pair.name))
+                };
+                let cubin = compile(&on);
+                compile(&plain);
                 // No copy's memory descriptor (a 64-bit uniform register pair) starts at an odd
                 // register (`desc[UR1]`, after CUDA 13.0's ptxas split a uniform part of the
                 // shared address, `LDGSTS [R+UR]`: an illegal instruction), and the hinted
                 // copies' shared addresses (one shuffle a tile) keep no uniform register.
                 if arch == 90 && nvdisasm_or_skip() {
-                    let cubin = nvrtc::compile(&on, arch).unwrap();
                     let mut hinted = 0;
                     for k in sass::disassemble(&cubin).unwrap() {
                         let shuffled: Vec<&str> = k

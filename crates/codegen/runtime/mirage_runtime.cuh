@@ -2054,10 +2054,10 @@ __device__ __forceinline__ void wgmma_ts(float (&d)[NF][4], unsigned long long a
 // on the H200). B^T is read MN-major through B's 128-byte swizzle (`swz<64, 8>`, unpadded
 // rows of 64), A^T K-major through A stored as column blocks of 64 (`swzb<K, M>`), both
 // 1024-byte aligned. Warpgroup g of the NT / 128 takes k-steps g, g + WG, ... of every
-// iteration, issued back to back and waited for once (the stage is overwritten after the
-// next barrier; the loop fences its copies for the async proxy before that barrier). Each
-// thread keeps M / 2 sums (not `MmaAcc`'s K slices of every fragment), so `finish` adds WG
-// slices of M x 64 floats, none with one warpgroup.
+// iteration, issued back to back and waited for once (`issue`, `wait`; the stage is
+// overwritten after the next barrier; the loop fences its copies for the async proxy before
+// that barrier). Each thread keeps M / 2 sums (not `MmaAcc`'s K slices of every fragment),
+// so `finish` adds WG slices of M x 64 floats, none with one warpgroup.
 template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWB = false, bool SWA = false>
 struct MmaAccWG {
   static_assert(MI_WGMMA, "MmaAccWG needs sm_90a (wgmma)");
@@ -2074,10 +2074,11 @@ struct MmaAccWG {
     for (int j = 0; j < NF; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
   }
 
-  // One iteration: this warpgroup's k-steps. K-step s reads B's rows 16 s.. (2048 bytes
-  // each step) and A's columns 16 s..: column block s / 4 (M rows of 128 bytes), 32 bytes
+  // One iteration's products issued: this warpgroup's k-steps, one wgmma group, in flight until
+  // `wait` (A and B must not be overwritten before it). K-step s reads B's rows 16 s.. (2048
+  // bytes each step) and A's columns 16 s..: column block s / 4 (M rows of 128 bytes), 32 bytes
   // in (the hardware applies the swizzle to the stepped address).
-  __device__ __forceinline__ void step(const T* A, const T* B) {
+  __device__ __forceinline__ void issue(const T* A, const T* B) {
     const int g = lin_tid() >> 7;
     const unsigned lb = wg_desc_lo((unsigned)__cvta_generic_to_shared(B));
     const unsigned la = wg_desc_lo((unsigned)__cvta_generic_to_shared(A));
@@ -2090,8 +2091,11 @@ struct MmaAccWG {
                       wg_desc_sw128(la + (unsigned)(s / 4) * (M * 8) + (unsigned)(s % 4) * 2u), 1);
     }
     wg_commit();
-    wg_wait<0>();
   }
+  // Waits for the products `issue` started (the code generator waits at the end of the
+  // iteration, so that the steps between run beside them: the row sums of squares of
+  // RMSNorm+Linear).
+  __device__ __forceinline__ void wait() { wg_wait<0>(); }
 
   // After the loop: C = this block's sums (ref(c): element c = m * 64 + n of C, a float&).
   // Thread (warp w, lane) holds C^T rows (B columns) n0 = 16 w + lane / 4 and n0 + 8, columns

@@ -2136,7 +2136,18 @@ impl Ctx<'_> {
             && steps.iter().zip(step_rw).all(|(&(sec, _), (w, r))| {
                 sec != Section::Pre || !(overlaps(&ranges_of(w), &stage_bytes) || overlaps(&ranges_of(r), &stage_bytes))
             });
-        for (pos, (sec, step)) in steps.iter().enumerate() {
+        // Warpgroup products whose tiles are the loop's loaded inputs are issued first in the
+        // iteration (right after its loads) and waited for before the first step that writes
+        // bytes they read, or at the iteration's end, so that the steps between run beside
+        // them (RMSNorm+Linear's row sums of squares).
+        let order = self.wg_first_order(steps);
+        // Warpgroup accumulators with products in flight, and the bytes those read.
+        let mut inflight: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+        let waits = |inflight: &mut Vec<(usize, Vec<(usize, usize)>)>, ind: &str| -> String {
+            inflight.drain(..).map(|(acc, _)| format!("{ind}mm{acc}.wait();\n")).collect()
+        };
+        for pos in order {
+            let (sec, step) = &steps[pos];
             if early && *sec == Section::Pre && !matches!(step, Step::Load { .. }) {
                 s.push_str(&prologue);
                 prologue.clear();
@@ -2289,6 +2300,7 @@ impl Ctx<'_> {
             if *sec == Section::Post && in_loop {
                 // (The warp-specialised form has no loop statement: `run_ws` is the loop.)
                 if self.ws.is_none() {
+                    s.push_str(&waits(&mut inflight, "    "));
                     wl!(s, "  }}");
                     if !staged.is_empty() {
                         wl!(s, "  mi::cp_async_wait<0>();");
@@ -2333,6 +2345,12 @@ impl Ctx<'_> {
                     pending.drain(..pending.len() - keep);
                 }
             }
+            // (One warpgroup chain at a time: two in flight, as two accumulators of one chain,
+            // ran slower on the H200.)
+            let wg_step = matches!(*step, Step::MatAcc { op, .. } if self.wg_acc[op]);
+            if wg_step || inflight.iter().any(|(_, read)| overlaps(&w, read)) {
+                s.push_str(&waits(&mut inflight, ind));
+            }
             if overlaps(&r, &dirty_w) || overlaps(&w, &dirty_w) || overlaps(&w, &dirty_r) {
                 wl!(s, "{ind}{}", self.sync_wide(wide));
                 dirty_w.clear();
@@ -2360,6 +2378,9 @@ impl Ctx<'_> {
             for l in body.lines() {
                 wl!(s, "{ind}{l}");
             }
+            if let (true, Step::MatAcc { acc, .. }) = (wg_step, *step) {
+                inflight.push((acc, r.clone()));
+            }
             if wide && matches!(step, Step::FlashEnd) {
                 wl!(s, "  if (tid >= NT) return; // the third attention warpgroup: merged");
                 wide = false;
@@ -2368,6 +2389,7 @@ impl Ctx<'_> {
             dirty_r.extend(r);
         }
         if in_loop && self.ws.is_none() {
+            s.push_str(&waits(&mut inflight, "    "));
             wl!(s, "  }}");
         }
         if !pending.is_empty() {
@@ -2375,6 +2397,36 @@ impl Ctx<'_> {
         }
         wl!(s, "}}");
         Ok(s)
+    }
+
+    /// The order the kernel emits `steps` in: theirs, but for the loop's warpgroup
+    /// accumulations ([`Ctx::wg_acc`]) whose two tiles are inputs loaded before the loop's
+    /// first other step: those move right before that step.
+    fn wg_first_order(&self, steps: &[(Section, Step)]) -> Vec<usize> {
+        let bg = self.bg;
+        let in_loop = |p: usize| steps[p].0 == Section::Loop;
+        let Some(first) = (0..steps.len()).find(|&p| {
+            in_loop(p)
+                && !matches!(steps[p].1, Step::Load { .. })
+                && !matches!(steps[p].1, Step::MatAcc { op, .. } if self.wg_acc[op])
+        }) else {
+            return (0..steps.len()).collect();
+        };
+        let loaded_before = |t: STensorId| {
+            steps[..first].iter().any(|&(_, st)| matches!(st, Step::Load { op, .. } if bg.ops[op].outputs[0] == t))
+        };
+        let hoisted: Vec<usize> = (first..steps.len())
+            .filter(|&p| in_loop(p))
+            .filter(|&p| matches!(steps[p].1, Step::MatAcc { op, .. } if self.wg_acc[op] && bg.ops[op].inputs.iter().all(|&t| loaded_before(t))))
+            .collect();
+        let mut order: Vec<usize> = Vec::with_capacity(steps.len());
+        for p in (0..steps.len()).filter(|p| !hoisted.contains(p)) {
+            if p == first {
+                order.extend(&hoisted);
+            }
+            order.push(p);
+        }
+        order
     }
 
     /// The division of mean or rms accumulator `op`'s summed tile, in place (and the root).
@@ -2531,7 +2583,10 @@ impl Ctx<'_> {
             Step::Load { .. } => return unsupported("internal error: loads are emitted by the kernel schedule"),
             Step::MatAcc { op, acc } => {
                 let (a, b) = (bg.ops[op].inputs[0], bg.ops[op].inputs[1]);
-                wl!(s, "mm{acc}.step({}, {});", self.tile(a), self.tile(b));
+                // The warpgroup form's products stay in flight until `mm.wait()` (the loop's
+                // emission places it).
+                let call = if self.wg_acc[op] { "issue" } else { "step" };
+                wl!(s, "mm{acc}.{call}({}, {});", self.tile(a), self.tile(b));
             }
             Step::ClusterMerge => {
                 s.push_str(&self.cluster_push(&self.merged_by_step)?);

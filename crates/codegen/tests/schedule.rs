@@ -680,3 +680,50 @@ fn copies_issued_before_a_loop_land_before_its_first_barrier() {
     assert!(wait < barrier, "{body}");
     assert!(body.find("row_sums").expect("the row sums") > barrier, "{body}");
 }
+
+#[test]
+fn warpgroup_products_run_beside_the_iterations_other_steps() {
+    // RMSNorm + Linear, 32 rows, 64 columns a block, on the warpgroup tensor cores: the
+    // iteration issues the products first (`mm.issue`), computes the rms row sums while they
+    // run, and waits for them at its end, before the next iteration's copies overwrite a stage.
+    // The block graph as a user's program gives it, the rms sums before the matmul: the
+    // products move ahead of them.
+    let wg = Options { wgmma_acc: true, ..Options::for_arch(90) };
+    let dt = DType::Float16;
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[32, 4096], dt, None).expect("x");
+    let w = g.new_input(&[4096, 4096], dt, None).expect("w");
+    let mut tb = BlockGraph::new([64, 1, 1], [128, 1, 1], 16, 64).expect("block graph");
+    let tx = tb.new_input(&[32, 4096], dt, [-1, -1, -1], 1).expect("x tile");
+    let tw = tb.new_input(&[4096, 4096], dt, [1, -1, -1], 0).expect("w tile");
+    let rms = tb.forloop_accum(tx, Accum::Rms).expect("rms");
+    let xw = tb.matmul(tx, tw).expect("matmul");
+    let sum = tb.forloop_accum(xw, Accum::None).expect("sum");
+    let out = tb.binary(BinaryOp::Div, sum, rms).expect("div");
+    tb.new_output(out, [1, -1, -1], -1).expect("output");
+    let o = g.customized(&[x, w], tb).expect("customized");
+    g.mark_output(o[0], None).expect("output");
+    let src = kernel_source_with(&g, &wg);
+    assert!(src.contains("mi::MmaAccWG<"), "{src}");
+    let body = loop_body(&src);
+    let issue = body.find(".issue(t0, t1);").expect("the products issued");
+    let sums = body.find("rs2.step(t0);").expect("the row sums");
+    let wait = body.rfind(".wait();").expect("the products waited for");
+    assert!(issue < sums && sums < wait, "{body}");
+    assert!(body[wait..].lines().skip(1).all(|l| l.trim().is_empty()), "the wait ends the iteration: {body}");
+    assert!(!body.contains(".step(t0, t1);"), "{body}");
+    // Gated MLP's two warpgroup products: one chain in flight at a time.
+    let pair = zoo::gated_mlp(16, 1024, 512, 8, 4, DType::Float16).expect("zoo");
+    let body = loop_body(&kernel_source_with(&pair.ugraph, &wg)).to_string();
+    let calls: Vec<&str> =
+        body.lines().map(str::trim).filter(|l| l.contains(".issue(") || l.contains(".wait();")).collect();
+    assert_eq!(calls.len(), 4, "{body}");
+    for pair in calls.chunks(2) {
+        let acc = pair[0].split('.').next().unwrap_or_default();
+        assert!(pair[0].contains(".issue(") && pair[1] == format!("{acc}.wait();"), "{body}");
+    }
+    // Without the warpgroup form the warp accumulator steps synchronously, as before.
+    let src = kernel_source(&zoo::rmsnorm_linear(32, 4096, 4096, 64, 16, DType::Float16).expect("zoo").ugraph);
+    let body = loop_body(&src);
+    assert!(body.contains(".step(t0, t1);") && !body.contains(".issue(") && !body.contains(".wait()"), "{body}");
+}

@@ -2046,6 +2046,16 @@ __device__ __forceinline__ void wgmma_ts(float (&d)[NF][4], unsigned long long a
 #endif
 }
 
+// Pins an accumulator's registers at this point of the program (the hardware writes them
+// asynchronously until `wg_wait`; the compiler must not move their reads or writes across).
+template <int NF>
+__device__ __forceinline__ void wg_pin(float (&d)[NF][4]) {
+#pragma unroll
+  for (int j = 0; j < NF; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) asm volatile("" : "+f"(d[j][k])::"memory");
+}
+
 // `MmaAcc` on the warpgroup tensor cores, transposed (`Knobs::wgmma_acc`; sm_90a): C = sum over
 // iterations of A B with A [M][K] (M = 16 or 32 rows: RMSNorm+Linear and gated MLP at b = 8 and
 // 16) and B [K][64] is summed as C^T = B^T A^T, so that B's 64 columns fill the wgmma's M and
@@ -2091,11 +2101,15 @@ struct MmaAccWG {
                       wg_desc_sw128(la + (unsigned)(s / 4) * (M * 8) + (unsigned)(s % 4) * 2u), 1);
     }
     wg_commit();
+    wg_pin(d);
   }
   // Waits for the products `issue` started (the code generator waits at the end of the
   // iteration, so that the steps between run beside them: the row sums of squares of
   // RMSNorm+Linear).
-  __device__ __forceinline__ void wait() { wg_wait<0>(); }
+  __device__ __forceinline__ void wait() {
+    wg_wait<0>();
+    wg_pin(d);
+  }
 
   // After the loop: C = this block's sums (ref(c): element c = m * 64 + n of C, a float&).
   // Thread (warp w, lane) holds C^T rows (B columns) n0 = 16 w + lane / 4 and n0 + 8, columns
@@ -2143,16 +2157,6 @@ struct MmaAccWG {
     }
   }
 };
-
-// Pins an accumulator's registers at this point of the program (the hardware writes them
-// asynchronously until `wg_wait`; the compiler must not move their reads or writes across).
-template <int NF>
-__device__ __forceinline__ void wg_pin(float (&d)[NF][4]) {
-#pragma unroll
-  for (int j = 0; j < NF; ++j)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) asm volatile("" : "+f"(d[j][k])::"memory");
-}
 
 // ------------------------------------------------------ warp specialisation
 // A block of NT consumer threads and one producer warpgroup after them (`FlashWG::run_ws`):

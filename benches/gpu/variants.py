@@ -9,7 +9,8 @@ the graph's ``hash()[:16]``); a variant without a file for a graph runs the gene
 and the ``generated`` variant (the current code generator's source) always runs beside them.
 ``--env NAME:VAR=VALUE[,VAR=VALUE...]`` adds a variant NAME that runs the generated source with
 those variables set (codegen settings read when a graph is compiled, e.g.
-``eager:MIRAGE_LAZY_MERGE=0``).
+``eager:MIRAGE_LAZY_MERGE=0``); where ``DIR/variants/NAME/`` exists too, its sources are loaded with
+those settings (a hand edit of a form that only those settings generate).
 Each round times every graph under every variant in turn (inputs rotated and replayed in a
 CUDA graph as bench.py does; correctness against float64 printed beside), and the last lines
 are a table: one row a graph, one column a variant, the rounds' medians in µs.
@@ -80,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not name or not var or not eq:
                 ap.error(f"--env {spec!r}: expected NAME:VAR=VALUE[,VAR=VALUE...]")
             envs.setdefault(name, {})[var] = value
-    variants = ["generated", *variants, *envs]
+    variants = ["generated", *variants, *(e for e in envs if e not in variants)]
     saved = {var: os.environ.get(var) for sets in envs.values() for var in sets}
     timing = argparse.Namespace(warmup_replays=5, replays=50)
     cells: list[tuple[str, list[list[torch.Tensor]], list[torch.Tensor]]] = []
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     else:
                         os.environ[var] = old
                 os.environ.update(envs.get(v, {}))
-                if os.path.isdir(folder) and v not in envs:
+                if os.path.isdir(folder):
                     os.environ["MIRAGE_LOAD_CODES"] = folder
                 else:
                     os.environ.pop("MIRAGE_LOAD_CODES", None)

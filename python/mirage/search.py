@@ -88,7 +88,7 @@ _BACKENDS = ("cuda", "cpu")
 #: a chain (its fastest now, 96 blocks of 64 columns, ranks in the first few).
 _GPU_TOP_N = 64
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 46
+_CACHE_VERSION = 47
 #: Candidates compiled and timed on a GPU: every one verified there, with the twins the
 #: search adds beside the first (co-resident and warpgroup forms), the first 128 in all. The cost
 #: model ranks attention forms roughly (the twelfth session's winners sat up to 26th of

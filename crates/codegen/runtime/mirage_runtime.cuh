@@ -2488,10 +2488,15 @@ struct FlashWG {
   //
   // With VN, V's rows are normalised (QK-norm): P V over normalised rows is P with each key's
   // column scaled by its row's 1 / rms times V, so the stage's V is read, not rewritten. Each
-  // step, beside its softmax, every thread of the warpgroup computes the factor of one of the
+  // step, beside its softmax (128-key steps) or a step ahead beside the previous step's wgmma
+  // (64-key steps, `FAHEAD`), every thread of the warpgroup computes the factor of one of the
   // stage's keys (`v_factor`) into `rs` (the warpgroup's two slots of NK 16-bit factors, in
   // alternation); after the warpgroup's turn (a barrier of its four warps, see below) P's
   // fragments are scaled by them before its P V: the row sums stay those of unscaled P.
+  // A step ahead against beside the softmax, on the H200 (bench timing, the saved winner,
+  // three rounds): QK-norm b=8, three warpgroups of 64-key steps, 18.47-18.54 -> 18.17-18.30
+  // us; two of 128-key steps 18.82-19.05 -> 19.12-19.16 (so those keep the factors beside the
+  // softmax). The notes below are the H100's, before it.
   // QK-norm b=8 on the H100 (64-row interleaved form, saved graph): 20.4 us against 16.8 for
   // the same form without norms (a step is issue-latency bound, about 9.4 cycles a warp
   // instruction under ncu, and the norm adds about 45% to the instructions); computing the
@@ -2557,6 +2562,10 @@ struct FlashWG {
     for (int j = 0; j < NB; ++j)
       qk(Kst + (at(0) % STAGES) * kel, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
     T* const rw = VN ? rs + wg * 2 * NK : nullptr;
+    // With 64-key steps (FAHEAD), each stage's factors are computed a step ahead, beside the
+    // previous step's wgmma; the first stage's here, beside its S.
+    constexpr bool FAHEAD = VN && NK == 64;
+    if constexpr (FAHEAD) v_factor(Vst + (at(0) % STAGES) * vel, rw);
     wg_wait<0>();
     wg_pin(sc[0]);
     // Step k: `more` (a next stage) and `first` are constants where it is inlined, so that
@@ -2567,9 +2576,9 @@ struct FlashWG {
       // P V of the previous stage ran beside this softmax; it has retired by now (issued a
       // softmax ago), so the wait is short and the whole warpgroup's; then the O rescale the
       // softmax may have deferred.
-      // With VN, this stage's factors beside the softmax (independent of it: the compiler
-      // interleaves them), into slot k % 2.
-      if constexpr (VN) v_factor(Vst + cur * vel, rw + (k & 1) * NK);
+      // With VN and 128-key steps, this stage's factors beside the softmax (independent of
+      // it: the compiler interleaves them), into slot k % 2.
+      if constexpr (VN && !FAHEAD) v_factor(Vst + cur * vel, rw + (k & 1) * NK);
       st.template softmax<NF, T, true>(sc, p);
       wg_wait<0>();
       wg_pin(st.o[0]);
@@ -2620,6 +2629,12 @@ struct FlashWG {
 #pragma unroll
       for (int j = 0; j < NB; ++j) pv(reinterpret_cast<PH&>(p[0][j * (NFC / 2)]), Vst + cur * vel, j);
       if (PP && turn + 1 < turns) bar_arrive_id<256>(PP_BAR + (wg + 1) % NWG);
+      // FAHEAD: the next stage's factors (its V landed with its K, waited for above) while this
+      // step's wgmma run, into slot (k + 1) % 2, whose last reader (step k - 1, after its turn)
+      // all four warps passed this step's turn since.
+      if constexpr (FAHEAD) {
+        if (more) v_factor(Vst + nxt * vel, rw + ((k + 1) & 1) * NK);
+      }
       if (more) {
         wg_wait<NB>();
         wg_pin(sc[0]);

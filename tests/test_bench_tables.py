@@ -118,3 +118,15 @@ def test_the_saved_winners_load_and_generate_their_forms(monkeypatch):
     monkeypatch.setenv("MIRAGE_WGMMA_ACC", "1")
     forced = mi.load_json(str(SAVED / "rmsnorm_linear_6144_8_4cf6cd35.json")).cuda_source(arch=90)
     assert "mi::MmaAccWG<NT, 1, 16, 64," in forced
+
+
+def test_one_run_can_leave_torch_compile_out_of_large_attention_cells():
+    bench = gpu_script("bench")
+    args = bench.parse_args(["--large-attention-contenders", "eager,sdpa,compile_sdpa"])
+    assert bench.cell_contenders("attention", 8, args) == ["eager", "sdpa", "compile_sdpa"]
+    assert bench.cell_contenders("qknorm_attention", 16, args) == ["eager", "sdpa", "compile_sdpa"]
+    assert bench.cell_contenders("attention", 1, args) == list(bench.CONTENDERS)
+    assert bench.cell_contenders("gated_mlp", 16, args) == list(bench.CONTENDERS)
+    assert bench.cell_contenders("attention", 8, bench.parse_args([])) == list(bench.CONTENDERS)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--large-attention-contenders", "eager,flash"])

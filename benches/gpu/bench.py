@@ -465,6 +465,14 @@ def measure(
     return entry
 
 
+def cell_contenders(kind: str, b: int, args: argparse.Namespace) -> list[str]:
+    """The contenders a cell times: ``--contenders``, or for attention at b > 1
+    ``--large-attention-contenders`` where given."""
+    if kind in ATTENTION_KINDS and b > 1 and args.large_attention_contenders is not None:
+        return list(args.large_attention_contenders)
+    return list(args.contenders)
+
+
 def run_cell(w: Workload, b: int, seed: int, args: argparse.Namespace, l2: int) -> dict[str, Any]:
     dims = w.dims(b)
     odims = output_dims(w.kind, dims)
@@ -545,7 +553,7 @@ def run_cell(w: Workload, b: int, seed: int, args: argparse.Namespace, l2: int) 
     else:
         cell["ours"] = {"name": "ours", "ok": False, "error": cell["search"]["error"]}
     report("ours", cell["ours"])
-    for c in contenders_for(w.kind, args.contenders):
+    for c in contenders_for(w.kind, cell_contenders(w.kind, b, args)):
         entry = measure(c.name, c.fn, sets, refs, args, c.prep, c.post)
         cell["contenders"][c.name] = entry
         report(c.name, entry)
@@ -821,6 +829,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="comma-separated subset of " + ",".join(CONTENDERS),
     )
     ap.add_argument(
+        "--large-attention-contenders",
+        default=None,
+        help="the contenders of attention cells at b > 1 (default: --contenders), e.g. "
+        "eager,sdpa,compile_sdpa to leave out torch.compile of the unfused attention there",
+    )
+    ap.add_argument(
         "--config",
         default="auto",
         choices=["auto", "none", "attention", "mlp", "lora"],
@@ -851,9 +865,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if bad:
             ap.error(f"unknown workloads {bad}; expected some of {sorted(known)}")
     args.contenders = [x.strip() for x in args.contenders.split(",") if x.strip()]
-    bad = sorted(set(args.contenders) - set(CONTENDERS))
-    if bad:
-        ap.error(f"unknown contenders {bad}; expected some of {list(CONTENDERS)}")
+    if args.large_attention_contenders is not None:
+        args.large_attention_contenders = [
+            x.strip() for x in args.large_attention_contenders.split(",") if x.strip()
+        ]
+    for given in (args.contenders, args.large_attention_contenders or []):
+        bad = sorted(set(given) - set(CONTENDERS))
+        if bad:
+            ap.error(f"unknown contenders {bad}; expected some of {list(CONTENDERS)}")
     args.batches = [1] if args.quick else [int(x) for x in args.batches.split(",") if x.strip()]
     if args.replays is None:
         args.replays = 20 if args.quick else 50

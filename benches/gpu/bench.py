@@ -805,6 +805,11 @@ def write_markdown(path: str, body: str) -> None:
 
 
 # --------------------------------------------------------------------- main
+def _names(text: str) -> list[str]:
+    """The non-empty names of a comma-separated option value, stripped."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description="Side-by-side GPU benchmark: superoptimized µGraphs vs PyTorch (see the "
@@ -860,15 +865,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     known = {w.name for w in WORKLOADS}
     if args.only:
-        args.only = [x.strip() for x in args.only.split(",") if x.strip()]
+        args.only = _names(args.only)
         bad = sorted(set(args.only) - known)
         if bad:
             ap.error(f"unknown workloads {bad}; expected some of {sorted(known)}")
-    args.contenders = [x.strip() for x in args.contenders.split(",") if x.strip()]
+    args.contenders = _names(args.contenders)
     if args.large_attention_contenders is not None:
-        args.large_attention_contenders = [
-            x.strip() for x in args.large_attention_contenders.split(",") if x.strip()
-        ]
+        args.large_attention_contenders = _names(args.large_attention_contenders)
     for given in (args.contenders, args.large_attention_contenders or []):
         bad = sorted(set(given) - set(CONTENDERS))
         if bad:

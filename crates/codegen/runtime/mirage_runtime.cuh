@@ -2448,11 +2448,18 @@ struct FlashWG {
   // does not mind the order), each at the row's 1024-aligned stage address XOR its offset: one
   // LOP3 a load (through `swz` the loop was about 100 instructions a step longer with its
   // spills; QK-norm b=8 on the H100 20.4-20.8 us against 20.9-21.6).
-  __device__ __forceinline__ void v_factor(const T* V, T* r) {
-    static_assert(NK == 128 || NK == 64, "v_factor: 64- or 128-key steps");
-    constexpr int TPR = 128 / NK, CH = 8 / TPR;  // threads a row, chunks a thread
-    const int i = lin_tid() & 127, t = i / TPR, part = i % TPR;
-    const unsigned b = ((unsigned)__cvta_generic_to_shared(V) + t * 128) | ((t & 7) << 4);
+  //
+  // fp16 rows are summed in packed fp16 (a multiply-add a pair of squares: 16 `HFMA2` a
+  // thread of a 64-key step where the fp32 sum takes 32 conversions and 32 `FFMA`), each lane
+  // of the four half2 sums over CH squares, then a tree of three packed adds: at most CH + 2
+  // roundings of 2^-11 on the way to a sum (2.5e-3 relative with 64-key steps, the factor half
+  // that), against the output's own 16-bit rounding of 2^-11. A thread's sum outside
+  // [2^-4, 30000) (a square or a partial sum overflowed, or squares small enough to lose bits
+  // as subnormals matter) is redone exactly in fp32 (`v_sq_exact`), as is every bf16 row.
+  // QK-norm b=8 on the H200 (saved winner, bench timing, three rounds): 18.14-18.48 ->
+  // 17.83-18.10 us; its two-warpgroup form (128-key steps) 18.85-19.05 -> 18.39-18.53.
+  __device__ __forceinline__ float v_sq_exact(unsigned b, int part) const {
+    constexpr int CH = 8 / (128 / NK);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
     for (int c = 0; c < CH; ++c) {
@@ -2464,7 +2471,34 @@ struct FlashWG {
 #pragma unroll
       for (int e = 0; e < 8; ++e) d[e % 4] = fmaf(to_f32(h[e]), to_f32(h[e]), d[e % 4]);
     }
-    float sum = d[0] + d[1] + d[2] + d[3];
+    return d[0] + d[1] + d[2] + d[3];
+  }
+  __device__ __forceinline__ void v_factor(const T* V, T* r) {
+    static_assert(NK == 128 || NK == 64, "v_factor: 64- or 128-key steps");
+    constexpr int TPR = 128 / NK, CH = 8 / TPR;  // threads a row, chunks a thread
+    const int i = lin_tid() & 127, t = i / TPR, part = i % TPR;
+    const unsigned b = ((unsigned)__cvta_generic_to_shared(V) + t * 128) | ((t & 7) << 4);
+    float sum;
+    if constexpr (same_type<T, f16>::value) {
+      uint4 u[CH];
+#pragma unroll
+      for (int c = 0; c < CH; ++c)
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(u[c].x), "=r"(u[c].y), "=r"(u[c].z), "=r"(u[c].w)
+                     : "r"(b ^ ((part * CH + c) << 4)));
+      __half2 a[4];
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        const __half2* h = reinterpret_cast<const __half2*>(&u[c]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = c == 0 ? __hmul2(h[e], h[e]) : __hfma2(h[e], h[e], a[e]);
+      }
+      const float2 s2 = __half22float2(__hadd2(__hadd2(a[0], a[1]), __hadd2(a[2], a[3])));
+      sum = s2.x + s2.y;
+      if (!(sum >= 0.0625f && sum < 30000.0f)) sum = v_sq_exact(b, part);
+    } else {
+      sum = v_sq_exact(b, part);
+    }
     if constexpr (TPR == 2) sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     constexpr int NFK = NK / 8;
     if (part == 0) r[(NFK * ((t & 7) >> 1) + (t >> 3)) * 2 + (t & 1)] = from_f32<T>(rsqrtf(sum * (1.0f / 64.0f)));

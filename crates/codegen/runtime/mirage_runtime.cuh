@@ -2456,8 +2456,9 @@ struct FlashWG {
   // that), against the output's own 16-bit rounding of 2^-11. A thread's sum outside
   // [2^-4, 30000) (a square or a partial sum overflowed, or squares small enough to lose bits
   // as subnormals matter) is redone exactly in fp32 (`v_sq_exact`), as is every bf16 row.
-  // QK-norm b=8 on the H200 (saved winner, bench timing, three rounds): 18.14-18.48 ->
-  // 17.83-18.10 us; its two-warpgroup form (128-key steps) 18.85-19.05 -> 18.39-18.53.
+  // QK-norm b=8 on the H200 (saved winner, bench timing, three rounds, one call): 18.17-18.47
+  // -> 17.84-18.11 us, b=16 29.6-31.0 -> 29.3-29.9; the two-warpgroup form (128-key steps)
+  // 18.82-19.07 -> 18.70-18.94.
   __device__ __forceinline__ float v_sq_exact(unsigned b, int part) const {
     constexpr int CH = 8 / (128 / NK);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -2480,18 +2481,24 @@ struct FlashWG {
     const unsigned b = ((unsigned)__cvta_generic_to_shared(V) + t * 128) | ((t & 7) << 4);
     float sum;
     if constexpr (same_type<T, f16>::value) {
-      uint4 u[CH];
-#pragma unroll
-      for (int c = 0; c < CH; ++c)
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(u[c].x), "=r"(u[c].y), "=r"(u[c].z), "=r"(u[c].w)
-                     : "r"(b ^ ((part * CH + c) << 4)));
+      // Four chunks' loads in flight at a time (a 128-key step's eight at once spilled in the
+      // two-warpgroup form's 240 registers).
+      constexpr int CB = CH < 4 ? CH : 4;
       __half2 a[4];
 #pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        const __half2* h = reinterpret_cast<const __half2*>(&u[c]);
+      for (int c0 = 0; c0 < CH; c0 += CB) {
+        uint4 u[CB];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) a[e] = c == 0 ? __hmul2(h[e], h[e]) : __hfma2(h[e], h[e], a[e]);
+        for (int c = 0; c < CB; ++c)
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(u[c].x), "=r"(u[c].y), "=r"(u[c].z), "=r"(u[c].w)
+                       : "r"(b ^ ((part * CH + c0 + c) << 4)));
+#pragma unroll
+        for (int c = 0; c < CB; ++c) {
+          const __half2* h = reinterpret_cast<const __half2*>(&u[c]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[e] = c0 + c == 0 ? __hmul2(h[e], h[e]) : __hfma2(h[e], h[e], a[e]);
+        }
       }
       const float2 s2 = __half22float2(__hadd2(__hadd2(a[0], a[1]), __hadd2(a[2], a[3])));
       sum = s2.x + s2.y;

@@ -2452,8 +2452,9 @@ struct FlashWG {
   // fp16 rows are summed in packed fp16 (a multiply-add a pair of squares: 16 `HFMA2` a
   // thread of a 64-key step where the fp32 sum takes 32 conversions and 32 `FFMA`), each lane
   // of the four half2 sums over CH squares, then a tree of three packed adds: at most CH + 2
-  // roundings of 2^-11 on the way to a sum (2.5e-3 relative with 64-key steps, the factor half
-  // that), against the output's own 16-bit rounding of 2^-11. A thread's sum outside
+  // roundings of 2^-11 on the way to a sum (under 3e-3 relative with 64-key steps, 5e-3 with
+  // 128, the factor half that), against the output's own 16-bit rounding of 2^-11; the error
+  // against float64 in the bench moved 4.7e-4 -> 4.8e-4. A thread's sum outside
   // [2^-4, 30000) (a square or a partial sum overflowed, or squares small enough to lose bits
   // as subnormals matter) is redone exactly in fp32 (`v_sq_exact`), as is every bf16 row.
   // QK-norm b=8 on the H200 (saved winner, bench timing, three rounds, one call): 18.17-18.47

@@ -2460,15 +2460,18 @@ struct FlashWG {
   // QK-norm b=8 on the H200 (saved winner, bench timing, three rounds, one call): 18.17-18.47
   // -> 17.84-18.11 us, b=16 29.6-31.0 -> 29.3-29.9; the two-warpgroup form (128-key steps)
   // 18.82-19.07 -> 18.70-18.94.
+  // 16 bytes of shared memory at 32-bit shared address `s` (`v_factor`'s chunk loads).
+  static __device__ __forceinline__ uint4 lds16(unsigned s) {
+    uint4 u;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "r"(s));
+    return u;
+  }
   __device__ __forceinline__ float v_sq_exact(unsigned b, int part) const {
     constexpr int CH = 8 / (128 / NK);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
     for (int c = 0; c < CH; ++c) {
-      uint4 u;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                   : "r"(b ^ ((part * CH + c) << 4)));
+      const uint4 u = lds16(b ^ ((part * CH + c) << 4));
       const T* h = reinterpret_cast<const T*>(&u);
 #pragma unroll
       for (int e = 0; e < 8; ++e) d[e % 4] = fmaf(to_f32(h[e]), to_f32(h[e]), d[e % 4]);
@@ -2490,10 +2493,7 @@ struct FlashWG {
       for (int c0 = 0; c0 < CH; c0 += CB) {
         uint4 u[CB];
 #pragma unroll
-        for (int c = 0; c < CB; ++c)
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(u[c].x), "=r"(u[c].y), "=r"(u[c].z), "=r"(u[c].w)
-                       : "r"(b ^ ((part * CH + c0 + c) << 4)));
+        for (int c = 0; c < CB; ++c) u[c] = lds16(b ^ ((part * CH + c0 + c) << 4));
 #pragma unroll
         for (int c = 0; c < CB; ++c) {
           const __half2* h = reinterpret_cast<const __half2*>(&u[c]);

@@ -2243,12 +2243,16 @@ struct FlashWG {
   const TQ* qp;  // this batch item's Q (set at the first step; Q is loop-invariant)
   unsigned qa;   // 16-bit Q: this lane's ldmatrix address of its first fragment
 
+  // The warp's warpgroup, batch item, slice and rows are broadcast from its first lane, so
+  // that ptxas sees them warp-uniform: the descriptors, stage indices and barrier addresses
+  // derived from them then stay in uniform registers (sm_90: the wgmma descriptors without a
+  // `R2UR` each; GQA b=8's kernel lost its 32-byte spill and about 7% of its instructions).
   __device__ __forceinline__ void init() {
-    const int t = lin_tid(), w = (t >> 7) % NWG;
-    bt = (t >> 7) / NWG;
+    const int t = lin_tid(), g = __shfl_sync(0xffffffffu, t >> 5, 0), w = (g >> 2) % NWG;
+    bt = (g >> 2) / NWG;
     lane = t & 31;
     slice = w / WR;
-    row0 = (w % WR) * RG * 64 + ((t >> 5) & 3) * 16;
+    row0 = (w % WR) * RG * 64 + (g & 3) * 16;
     st.reset();
   }
 
@@ -2588,7 +2592,7 @@ struct FlashWG {
     auto at = [&](const int k) { return ILV ? slice + k * KS : k; };
     const int mine = ILV ? (iters - slice + KS - 1) / KS : iters;
     // This warpgroup's factor slots and turn barrier (named barrier PP_BAR + its index).
-    const int wg = (lin_tid() >> 7) % NWG;
+    const int wg = __shfl_sync(0xffffffffu, (lin_tid() >> 7) % NWG, 0);
     // Turns of the warpgroups at their wgmma (see above): in stage order (ILV) or step by
     // step round the warpgroups, from warpgroup 0's, which the last warpgroup lets go first
     // (also when it has no stage itself); `turns` in all.

@@ -23,12 +23,13 @@ first block's finish.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -193,17 +194,28 @@ def _q(a: np.ndarray) -> str:
     return f"{a[0]:6.0f} {a[len(a) // 2]:6.0f} {a[-1]:6.0f}"
 
 
+@contextlib.contextmanager
+def loaded(path: str, source: str) -> Iterator[mi.KNGraph]:
+    """The saved graph at ``path`` loaded anew with ``source`` compiled in place of its generated
+    one (``MIRAGE_LOAD_CODES``, set while the block runs: compile and call it there)."""
+    g = mi.load_json(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, f"{g.hash()[:16]}_sm90.cu"), "w", encoding="utf-8") as f:
+            f.write(source)
+        os.environ["MIRAGE_LOAD_CODES"] = tmp
+        try:
+            yield mi.load_json(path)
+        finally:
+            os.environ.pop("MIRAGE_LOAD_CODES", None)
+
+
 def timeline(path: str, calls: int = 4) -> None:
     """Prints the last ``calls`` calls' phases of the saved graph at ``path``."""
     w, b = variants.cell_of(path)
     g = mi.load_json(path)
     src, words = stamp(g.cuda_source())
     cluster, partner = "mi_ts[7] = mi_gt();" in src, "stamps of this block for the first" in src
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, f"{g.hash()[:16]}_sm90.cu"), "w", encoding="utf-8") as f:
-            f.write(src)
-        os.environ["MIRAGE_LOAD_CODES"] = tmp
-        g = mi.load_json(path)
+    with loaded(path, src) as g:
         sets = variants.input_sets(w, b)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -215,7 +227,6 @@ def timeline(path: str, calls: int = 4) -> None:
             with torch.cuda.graph(cg):
                 for _ in range(2):
                     keep.extend(g(inputs=list(xs))[0] for xs in sets)
-        os.environ.pop("MIRAGE_LOAD_CODES", None)
     for _ in range(3):
         cg.replay()
     torch.cuda.synchronize()
@@ -245,13 +256,19 @@ def timeline(path: str, calls: int = 4) -> None:
     del cg, keep
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(
+    argv: Sequence[str] | None = None,
+    run: Callable[[str, int], None] = timeline,
+    doc: str | None = __doc__,
+    calls: tuple[int, str] = (4, "calls printed (default 4)"),
+) -> int:
+    """The command line of a timeline tool: `run(path, calls)` for each saved graph given."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     ap.add_argument("graphs", nargs="+", help="saved winners (bench.py --save-graphs)")
-    ap.add_argument("--calls", type=int, default=4, help="calls printed (default 4)")
+    ap.add_argument("--calls", type=int, default=calls[0], help=calls[1])
     args = ap.parse_args(argv)
     for path in args.graphs:
-        timeline(path, args.calls)
+        run(path, args.calls)
     return 0
 
 

@@ -20,11 +20,9 @@ and their mean over the steady steps (all but the first two and the last).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
-import tempfile
 import warnings
 from collections.abc import Sequence
 
@@ -206,18 +204,13 @@ def timeline(path: str, calls: int = 6) -> None:
     if gz != cluster:
         raise ValueError(f"{path}: grid z {gz} is not the cluster's {cluster}")
     stamped, (a, bb, words) = stamp(src, cluster)
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, f"{g.hash()[:16]}_sm90.cu"), "w", encoding="utf-8") as f:
-            f.write(stamped)
-        os.environ["MIRAGE_LOAD_CODES"] = tmp
-        g = mi.load_json(path)
+    with streaming.loaded(path, stamped) as g:
         sets = variants.input_sets(w, b)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for i in range(calls):
                 out = g(inputs=sets[i % len(sets)])[0]
         torch.cuda.synchronize()
-        os.environ.pop("MIRAGE_LOAD_CODES", None)
     flat = out.contiguous().view(torch.int64).reshape(-1).cpu().numpy()
     spans: dict[str, list[int]] = {}
     steps: dict[tuple[int, int], list[list[int]]] = {}
@@ -250,13 +243,8 @@ def timeline(path: str, calls: int = 6) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("graphs", nargs="+", help="saved winners (bench.py --save-graphs)")
-    ap.add_argument("--calls", type=int, default=6, help="calls before the stamped one is read")
-    args = ap.parse_args(argv)
-    for path in args.graphs:
-        timeline(path, args.calls)
-    return 0
+    """The command line (see the module's header)."""
+    return streaming.main(argv, timeline, __doc__, (6, "calls before the stamped one is read"))
 
 
 if __name__ == "__main__":

@@ -2246,7 +2246,8 @@ struct FlashWG {
   // The warp's warpgroup, batch item, slice and rows are broadcast from its first lane, so
   // that ptxas sees them warp-uniform: the descriptors, stage indices and barrier addresses
   // derived from them then stay in uniform registers (sm_90: the wgmma descriptors without a
-  // `R2UR` each; GQA b=8's kernel lost its 32-byte spill and about 7% of its instructions).
+  // `R2UR` each; the bench's GQA b=8 winner went 7520 -> 6936 instructions, its 12/52 bytes of
+  // spills to none; BENCHMARKS.md, forty-ninth session).
   __device__ __forceinline__ void init() {
     const int t = lin_tid(), g = __shfl_sync(0xffffffffu, t >> 5, 0), w = (g >> 2) % NWG;
     bt = (g >> 2) / NWG;

@@ -31,13 +31,28 @@ def _source(name: str) -> tuple[str, int]:
     return src, cluster
 
 
-@pytest.mark.parametrize("name", ["qknorm_gqa_8", "gqa_8", "mqa_16"])
-def test_stamped_attention_kernels_compile(wg_timeline, name):
+@pytest.mark.parametrize(
+    ("name", "fine"),
+    [
+        ("qknorm_gqa_8", False),
+        ("gqa_8", False),
+        ("mqa_16", False),
+        ("qknorm_gqa_8", True),
+        ("gqa_8", True),
+    ],
+)
+def test_stamped_attention_kernels_compile(wg_timeline, name, fine):
     nvrtc_or_skip()
     src, cluster = _source(name)
-    stamped, (a, b, words) = wg_timeline.stamp(src, cluster)
-    # Eight stamps a step in the runtime's step lambda, the block-wide four in the kernel.
-    assert stamped.count("stamp_step<NWG>(wg, k, ") == len(wg_timeline.PHASES), name
+    stamped, (a, b, words) = wg_timeline.stamp(src, cluster, fine)
+    # A stamp a phase in the runtime's step lambda (eight, eleven split finely), in the order
+    # they run, and the block-wide four in the kernel.
+    n = len(wg_timeline.phase_names(fine))
+    assert n == (11 if fine else 8)
+    lam = stamped[stamped.index("auto stage = [&](const int k") :]
+    at = [lam.find(f"stamp_step<NWG>(wg, k, {p});") for p in range(n)]
+    assert -1 not in at and at == sorted(at), (name, at)
+    assert stamped.count("stamp_step<NWG>(wg, k, ") == n, name
     kern = stamped.split(wg_timeline.streaming.MARK)[1]
     assert kern.count("mi::stamp_clock()") == 4 and "mi::store_n<8>(out0" not in kern, name
     # Each block's words lie in its own output rows (16-bit outputs, split over the cluster).
@@ -56,7 +71,7 @@ def test_phases_of_one_blocks_words(wg_timeline):
 
     words = np.zeros(64, dtype=np.int64)
     words[:4] = [1000, 1100, 5100, 5600]
-    words[4:6] = [1, 3]  # one warpgroup, three steps of room
+    words[4:7] = [1, 3, 8]  # one warpgroup, three steps of room, eight stamps a step
     words[8:16] = 1200 + np.arange(8) * 10  # step 0
     words[16:24] = 1300 + np.arange(8) * 20  # step 1 (step 2 not stamped)
     spans, steps = wg_timeline.phases(words)

@@ -258,17 +258,21 @@ def timeline(path: str, calls: int = 4) -> None:
 
 def main(
     argv: Sequence[str] | None = None,
-    run: Callable[[str, int], None] = timeline,
+    run: Callable[..., None] = timeline,
     doc: str | None = __doc__,
     calls: tuple[int, str] = (4, "calls printed (default 4)"),
+    flags: Sequence[tuple[str, str]] = (),
 ) -> int:
-    """The command line of a timeline tool: `run(path, calls)` for each saved graph given."""
+    """The command line of a timeline tool: `run(path, calls, **flags)` for each saved graph
+    given (`flags`: switches as (name, help), passed as booleans)."""
     ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     ap.add_argument("graphs", nargs="+", help="saved winners (bench.py --save-graphs)")
     ap.add_argument("--calls", type=int, default=calls[0], help=calls[1])
+    for name, text in flags:
+        ap.add_argument(f"--{name}", action="store_true", help=text)
     args = ap.parse_args(argv)
     for path in args.graphs:
-        run(path, args.calls)
+        run(path, args.calls, **{name: getattr(args, name) for name, _ in flags})
     return 0
 
 

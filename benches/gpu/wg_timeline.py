@@ -10,7 +10,8 @@ wait for its previous P V and the deferred O rescale; the stage's release and th
 next one to be full; the wait for its turn (the ping-pong barrier); the issue of the next S and
 this P V (with QK-norm the factor reads and P's scaling); the 64-key V factors of the next stage
 after it (otherwise just the turn's hand-over); the wait for the next S; and the gap to the next
-step. Each stamp (a clock read and a global store by one thread) adds roughly a hundred cycles
+step. With ``--fine`` the issue phase is split at the issue of S, at P's scaling (QK-norm) or
+the wait for V (a split V) and at the issue of P V. Each stamp (a clock read and a global store by one thread) adds roughly a hundred cycles
 to its phase: compare phases and variants, not absolute step times. The stamps go over the
 block's own output rows (the output is wrong, the timing is not), a cluster's blocks each
 taking an equal part of those rows. Printed per graph: the medians over blocks of the set-up
@@ -35,30 +36,55 @@ import timeline as streaming
 import variants
 from mirage import _cuda
 
-#: A step's phases, each the time from one stamp to the next.
-PHASES = ("softmax", "wait_pv", "release_full", "turn", "issue", "after_turn", "wait_s", "gap")
 #: The block-wide stamps at the start of a cluster rank's words: kernel entry, loop start,
-#: loop end, kernel end (the first block of a cluster), then the warpgroups and the step
-#: capacity the kernel wrote.
-GLOBAL = ("entry", "loop", "looped", "end", "warpgroups", "steps")
+#: loop end, kernel end (the first block of a cluster), then the warpgroups, the step capacity
+#: and the stamps a step the kernel wrote.
+GLOBAL = ("entry", "loop", "looped", "end", "warpgroups", "steps", "stride")
 _HEAD = 8
 
-# Each anchor in `run_ws`'s step lambda and the stamp it gets (before or after the anchor).
-_STEP_ANCHORS = (
-    ("      if constexpr (VN && !FAHEAD) v_factor(Vst + cur * vel, rw + (k & 1) * NK);\n", 0, True),
-    ("      st.template softmax<NF, T, true>(sc, p);\n", 1, False),
-    ("      st.rescale_deferred();\n", 2, False),
-    ("      if (PP) bar_sync_id<256>(PP_BAR + wg);\n", 3, True),
-    ("      if (PP) bar_sync_id<256>(PP_BAR + wg);\n", 4, False),
-    ("      if (PP && turn + 1 < turns) bar_arrive_id<256>(PP_BAR + (wg + 1) % NWG);\n", 5, True),
-    ("      if (more) {\n        wg_wait<NB>();\n", 6, True),
-    ("        wg_wait<0>();\n        wg_pin(st.o[0]);\n      }\n    };\n", 7, None),
+# The stamps of a step in the order they run: each an anchor in `run_ws`'s step lambda, whether
+# the stamp goes before it (None: before the lambda's closing brace), the phase from it to the
+# next stamp, and whether only `--fine` adds it (the issue phase split: factor reads, S issued,
+# P scaled or V waited for, P V issued).
+_STEPS = (
+    (
+        "      if constexpr (VN && !FAHEAD) v_factor(Vst + cur * vel, rw + (k & 1) * NK);\n",
+        True,
+        "softmax",
+        False,
+    ),
+    ("      st.template softmax<NF, T, true>(sc, p);\n", False, "wait_pv", False),
+    ("      st.rescale_deferred();\n", False, "release_full", False),
+    ("      if (PP) bar_sync_id<256>(PP_BAR + wg);\n", True, "turn", False),
+    ("      if (PP) bar_sync_id<256>(PP_BAR + wg);\n", False, "issue", False),
+    (
+        "      if (more) {\n#pragma unroll\n        for (int j = 0; j < NB; ++j) qk(",
+        True,
+        "issue_s",
+        True,
+    ),
+    ("      if constexpr (VN) {\n        // Word e of P's pair", True, "scale_wait_v", True),
+    ("#pragma unroll\n      for (int j = 0; j < NB; ++j) pv(", True, "issue_pv", True),
+    (
+        "      if (PP && turn + 1 < turns) bar_arrive_id<256>(PP_BAR + (wg + 1) % NWG);\n",
+        True,
+        "after_turn",
+        False,
+    ),
+    ("      if (more) {\n        wg_wait<NB>();\n", True, "wait_s", False),
+    ("        wg_wait<0>();\n        wg_pin(st.o[0]);\n      }\n    };\n", None, "gap", False),
 )
 
 
-def _helpers(a: int, b: int, words: int) -> str:
+def phase_names(fine: bool = False) -> list[str]:
+    """A step's phases, each the time from one stamp to the next (the last: to the next step)."""
+    return [name for _, _, name, only_fine in _STEPS if fine or not only_fine]
+
+
+def _helpers(a: int, b: int, words: int, stride: int) -> str:
     """Device helpers: the block's stamp words (`a`, `b`: its output's element offsets per
-    blockIdx.x and .y; `words`: 64-bit words a cluster rank owns) and the two stamps."""
+    blockIdx.x and .y; `words`: 64-bit words a cluster rank owns; `stride`: stamps a step) and
+    the two stamps."""
     return f"""
 __device__ unsigned long long* stamp_out;
 __device__ __forceinline__ unsigned long long* stamp_words() {{
@@ -71,13 +97,14 @@ __device__ __forceinline__ unsigned long long stamp_clock() {{
 }}
 template <int NWG>
 __device__ __forceinline__ void stamp_step(int wg, int k, int p) {{
-  constexpr int STEPS = ({words} - {_HEAD}) / (NWG * 8);
+  constexpr int STEPS = ({words} - {_HEAD}) / (NWG * {stride});
   if ((threadIdx.x & 127) == 0 && k < STEPS) {{
     unsigned long long* const w = stamp_words();
-    w[{_HEAD} + (wg * STEPS + k) * 8 + p] = stamp_clock();
+    w[{_HEAD} + (wg * STEPS + k) * {stride} + p] = stamp_clock();
     if (wg == 0 && k == 0 && p == 0) {{
       w[4] = NWG;
       w[5] = STEPS;
+      w[6] = {stride};
     }}
   }}
 }}
@@ -100,9 +127,10 @@ def _insert(text: str, anchor: str, add: str, before: bool, start: int = 0) -> s
     return text[:at] + add + text[at:]
 
 
-def stamp(source: str, cluster: int) -> tuple[str, tuple[int, int, int]]:
-    """The source with the step stamps (`cluster`: the blocks of a cluster, along z), and where
-    they are: the output elements a blockIdx.x and a blockIdx.y step, the words a block owns."""
+def stamp(source: str, cluster: int, fine: bool = False) -> tuple[str, tuple[int, int, int]]:
+    """The source with the step stamps (`cluster`: the blocks of a cluster, along z; `fine`: the
+    issue phase split too), and where they are: the output elements a blockIdx.x and a
+    blockIdx.y step, the words a block owns."""
     head, sep, kern = source.partition(streaming.MARK)
     if not sep or kern.count("__global__") != 1 or "fa.run_ws<" not in kern:
         raise ValueError("stamp: one generated kernel with a warp-specialised loop expected")
@@ -116,7 +144,8 @@ def stamp(source: str, cluster: int) -> tuple[str, tuple[int, int, int]]:
     if kern.count("out0") != kern.count("mi::store_n<8>(out0") + 2:  # the parameter, the check
         raise ValueError("stamp: output 0 is written other than by its vector stores")
     words = int(base.group(2)) * 2 // 8 // cluster  # 16-bit outputs
-    if words < _HEAD + 2 * 8 * 4:
+    steps = [x for x in _STEPS if fine or not x[3]]
+    if words < _HEAD + 2 * len(steps) * 4:
         raise ValueError(f"stamp: {words} words of output a block, too few for the stamps")
     wg = head.find("\nstruct FlashWG {")
     if wg < 0:
@@ -124,13 +153,13 @@ def stamp(source: str, cluster: int) -> tuple[str, tuple[int, int, int]]:
     tmpl = head.rfind("\ntemplate <", 0, wg)
     head = (
         head[: tmpl + 1]
-        + _helpers(int(base.group(1)), int(base.group(2)), words)
+        + _helpers(int(base.group(1)), int(base.group(2)), words, len(steps))
         + head[tmpl + 1 :]
     )
     lam = head.find("    auto stage = [&](const int k, const bool more, const bool first")
     if lam < 0:
         raise ValueError("stamp: no step lambda in FlashWG::run_ws")
-    for anchor, p, before in _STEP_ANCHORS:
+    for p, (anchor, before, _, _) in enumerate(steps):
         call = f"      stamp_step<NWG>(wg, k, {p});\n"
         if before is None:  # before the lambda's closing brace
             anchor_end = head.find(anchor, lam)
@@ -177,24 +206,26 @@ def phases(words: np.ndarray) -> tuple[dict[str, int], dict[tuple[int, int], lis
             spans["loop"] = int(words[2] - words[1])
             if ok(words[3]):
                 spans["rest"] = int(words[3] - words[2])
-    nwg, steps = int(words[4]), int(words[5])
+    nwg, steps, n = int(words[4]), int(words[5]), int(words[6])
     out: dict[tuple[int, int], list[int]] = {}
-    if not (0 < nwg <= 4 and 0 < steps <= 1024):
+    if not (0 < nwg <= 4 and 0 < steps <= 1024 and 1 < n <= len(_STEPS)):
         return spans, out
     for w in range(nwg):
         for k in range(steps):
-            s = words[_HEAD + (w * steps + k) * 8 : _HEAD + (w * steps + k + 1) * 8]
+            at = _HEAD + (w * steps + k) * n
+            s = words[at : at + n]
             if not all(ok(int(t)) for t in s):
                 continue
-            gaps = [int(s[i + 1] - s[i]) for i in range(7)]
-            nxt = words[_HEAD + (w * steps + k + 1) * 8] if k + 1 < steps else 0
-            gaps.append(int(nxt - s[7]) if k + 1 < steps and ok(int(nxt)) and nxt > s[7] else 0)
+            gaps = [int(s[i + 1] - s[i]) for i in range(n - 1)]
+            nxt = words[at + n] if k + 1 < steps else 0
+            gaps.append(int(nxt - s[-1]) if k + 1 < steps and ok(int(nxt)) and nxt > s[-1] else 0)
             out[(w, k)] = gaps
     return spans, out
 
 
-def timeline(path: str, calls: int = 6) -> None:
-    """Prints the phases of the last of ``calls`` calls of the saved graph at ``path``."""
+def timeline(path: str, calls: int = 6, fine: bool = False) -> None:
+    """Prints the phases of the last of ``calls`` calls of the saved graph at ``path`` (`fine`:
+    the issue phase split too)."""
     w, b = variants.cell_of(path)
     g = mi.load_json(path)
     src, info = _cuda.cuda_source(g, 90)
@@ -203,7 +234,7 @@ def timeline(path: str, calls: int = 6) -> None:
     gx, gy, gz = kern["grid"]
     if gz != cluster:
         raise ValueError(f"{path}: grid z {gz} is not the cluster's {cluster}")
-    stamped, (a, bb, words) = stamp(src, cluster)
+    stamped, (a, bb, words) = stamp(src, cluster, fine)
     with streaming.loaded(path, stamped) as g:
         sets = variants.input_sets(w, b)
         with warnings.catch_warnings():
@@ -225,7 +256,7 @@ def timeline(path: str, calls: int = 6) -> None:
                     steps.setdefault(key, []).append(v)
     print(f"== {os.path.basename(path)} (cycles; medians over blocks)")
     print("  " + ", ".join(f"{k} {int(np.median(v))}" for k, v in spans.items()))
-    print("  wg step " + " ".join(f"{p:>12s}" for p in PHASES) + "       total")
+    print("  wg step " + " ".join(f"{p:>12s}" for p in phase_names(fine)) + "       total")
     last = max((k for _, k in steps), default=-1)
     steady = []
     for key in sorted(steps):
@@ -244,7 +275,13 @@ def timeline(path: str, calls: int = 6) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module's header)."""
-    return streaming.main(argv, timeline, __doc__, (6, "calls before the stamped one is read"))
+    return streaming.main(
+        argv,
+        timeline,
+        __doc__,
+        (6, "calls before the stamped one is read"),
+        [("fine", "split the issue phase: factor reads, S issued, P scaled or V waited, P V")],
+    )
 
 
 if __name__ == "__main__":

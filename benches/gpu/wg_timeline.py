@@ -43,9 +43,9 @@ GLOBAL = ("entry", "loop", "looped", "end", "warpgroups", "steps", "stride")
 _HEAD = 8
 
 # The stamps of a step in the order they run: each an anchor in `run_ws`'s step lambda, whether
-# the stamp goes before it (None: before the lambda's closing brace), the phase from it to the
-# next stamp, and whether only `--fine` adds it (the issue phase split: factor reads, S issued,
-# P scaled or V waited for, P V issued).
+# the stamp goes before it (else after), the phase from it to the next stamp, and whether only
+# `--fine` adds it (the issue phase split: factor reads, S issued, P scaled or V waited for, P V
+# issued).
 _STEPS = (
     (
         "      if constexpr (VN && !FAHEAD) v_factor(Vst + cur * vel, rw + (k & 1) * NK);\n",
@@ -72,7 +72,12 @@ _STEPS = (
         False,
     ),
     ("      if (more) {\n        wg_wait<NB>();\n", True, "wait_s", False),
-    ("        wg_wait<0>();\n        wg_pin(st.o[0]);\n      }\n    };\n", None, "gap", False),
+    (
+        "      } else {\n        wg_wait<0>();\n        wg_pin(st.o[0]);\n      }\n",
+        False,
+        "gap",
+        False,
+    ),
 )
 
 
@@ -160,15 +165,7 @@ def stamp(source: str, cluster: int, fine: bool = False) -> tuple[str, tuple[int
     if lam < 0:
         raise ValueError("stamp: no step lambda in FlashWG::run_ws")
     for p, (anchor, before, _, _) in enumerate(steps):
-        call = f"      stamp_step<NWG>(wg, k, {p});\n"
-        if before is None:  # before the lambda's closing brace
-            anchor_end = head.find(anchor, lam)
-            if anchor_end < 0:
-                raise ValueError("stamp: the step lambda's end not found")
-            at = anchor_end + len(anchor) - len("    };\n")
-            head = head[:at] + call + head[at:]
-        else:
-            head = _insert(head, anchor, call, before, lam)
+        head = _insert(head, anchor, f"      stamp_step<NWG>(wg, k, {p});\n", before, lam)
     kern = _insert(
         kern,
         "  mi::dep_enter();\n",

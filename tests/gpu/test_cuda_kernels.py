@@ -439,13 +439,23 @@ def test_interleaved_warp_specialised_attention(
 
 
 def _attention_case(
-    dtype: str, qknorm: bool, b: int, m: int, n: int, seed: int, span: tuple[float, float] = (-1, 1)
+    dtype: str,
+    qknorm: bool,
+    b: int,
+    m: int,
+    n: int,
+    seed: int,
+    span: tuple[float, float] = (-1, 1),
+    qspan: tuple[float, float] | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Inputs (Q, K, V on the CPU in `dtype`) and the float64 result of softmax(Q K) V, with Q
     and V's rows normalised where `qknorm`; V's rows span 10^span[0] to 10^span[1] in scale
-    (100x by default), so that a missed or misplaced normalisation shows."""
+    (100x by default), so that a missed or misplaced normalisation shows, and Q's rows
+    10^qspan[0] to 10^qspan[1] where given."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(b, m, 64, generator=gen) * (1.0 if qknorm else 0.3)
+    if qspan is not None:
+        q = q * torch.logspace(*qspan, m).view(1, m, 1)
     k = torch.randn(b, 64, n, generator=gen) * (0.125 if qknorm else 1.0)
     v = torch.randn(b, n, 64, generator=gen) * torch.logspace(*span, n).view(1, n, 1)
     cpu = [t.to(getattr(torch, dtype)) for t in (q, k, v)]
@@ -475,6 +485,10 @@ def test_three_warpgroup_interleaved_attention(
     src, info = _core.cuda_generate(g._core, 90)
     assert "mi::FlashWG<NC, 1, 64, 64, 64," in src and '"block":[512,1,1]' in info
     assert math.prod(json.loads(info)["kernels"][0]["cluster"]) == cluster
+    # With QK-norm, Q goes to shared memory as copied and the softmax scales each row's
+    # exponent by its factor (`run_ws`'s QN).
+    targs = src.split("fa.run_ws<")[1].split(">")[0].split(", ")
+    assert (targs[3:4] == ["true"]) == qknorm and ("mi::rms_norm_rows" in src) is False
     _assert_runs_close(g, *_attention_case(dtype, qknorm, b, m, n, n + b + 3))
     # The program that ran is the three-warpgroup one.
     assert "constexpr int NC = 384;" in _cuda.executable(g, torch.cuda.current_device()).source
@@ -487,7 +501,9 @@ def test_qknorm_attention_extreme_rows(ws: str, monkeypatch: pytest.MonkeyPatch)
     # subnormal values at the bottom; the factors must stay within fp16 rounding (a tolerance
     # ten times tighter than the other attention tests'). fp16 rows are summed in packed fp16
     # with an exact fp32 redo where a thread's sum leaves [2^-4, 30000): the rows here take
-    # both paths, and the fast one's rounding must stay inside that tolerance too.
+    # both paths, and the fast one's rounding must stay inside that tolerance too. Q's rows
+    # span 1e-3 to 1e2: on three warpgroups their factors scale the softmax's exponents
+    # (`run_ws`'s QN), on two Q is normalised before the loop.
     monkeypatch.setenv("MIRAGE_WS_WARPGROUPS", ws)
     b, m, n = 64, 128, 640
     g = _one_kernel_attention(
@@ -495,7 +511,8 @@ def test_qknorm_attention_extreme_rows(ws: str, monkeypatch: pytest.MonkeyPatch)
     )
     src, _ = _core.cuda_generate(g._core, 90)
     assert "fa.run_ws<" in src and ("constexpr int NC = 384;" in src) == (ws == "3")
-    cpu, expect = _attention_case("float16", True, b, m, n, 11, span=(-4, 3))
+    assert ("mi::rms_norm_rows_ld<" in src) == (ws == "2")
+    cpu, expect = _attention_case("float16", True, b, m, n, 11, span=(-4, 3), qspan=(-3, 2))
     assert float(cpu[2].abs().amax()) > 1000.0 and float(cpu[2][:, 0].abs().amax()) < 1e-3
     _assert_runs_close(g, cpu, expect, tol=1e-3)
 

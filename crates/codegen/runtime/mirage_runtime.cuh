@@ -1368,6 +1368,10 @@ struct FlashRows {
   float m[RG][2], x[RG][2], l[RG][2];
   float ra[RG][2];  // a deferred O rescale (`softmax<..., DEFER>`) and whether one is pending
   bool rpend;
+  // With `softmax<..., QS>`: each row's exponent scale, log2 e times the row's factor q (the
+  // 1 / rms of a raw Q row whose norm the softmax applies: exp(q (S - m)) with S = Q K of the
+  // raw row and m in those units until `unscale`).
+  float qs[RG][2];
 
   __device__ __forceinline__ void scale_o(int r, float a0, float a1) {
 #pragma unroll
@@ -1417,17 +1421,21 @@ struct FlashRows {
   // rescaled): `rescale_deferred` scales it later, where the wgmma forms first wait for the P
   // V still accumulating into O (a wgmma wait in the rescale's branch, which each warp
   // decides, would not be the whole warpgroup's, as `.sync.aligned` requires).
-  template <int NFC, typename T, bool DEFER = false>
+  // With QS, each row's exponent is scaled by `qs` instead of log2 e (the same instruction
+  // count): no XMAX test, which compares maxima in the softmax's units.
+  template <int NFC, typename T, bool DEFER = false, bool QS = false>
   __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4]) {
+    static_assert(!(QS && XMAX), "softmax: row scales only without the true running max");
     float t0[RG][NFC], t1[RG][NFC];
     auto exps = [&] {
 #pragma unroll
       for (int r = 0; r < RG; ++r) {
-        const float b0 = -m[r][0] * L2E, b1 = -m[r][1] * L2E;
+        const float c0 = QS ? qs[r][0] : L2E, c1 = QS ? qs[r][1] : L2E;
+        const float b0 = -m[r][0] * c0, b1 = -m[r][1] * c1;
 #pragma unroll
         for (int j = 0; j < NFC; ++j) {
-          const float e0 = ex2(fmaf(s[r][j][0], L2E, b0)), e1 = ex2(fmaf(s[r][j][1], L2E, b0));
-          const float e2 = ex2(fmaf(s[r][j][2], L2E, b1)), e3 = ex2(fmaf(s[r][j][3], L2E, b1));
+          const float e0 = ex2(fmaf(s[r][j][0], c0, b0)), e1 = ex2(fmaf(s[r][j][1], c0, b0));
+          const float e2 = ex2(fmaf(s[r][j][2], c1, b1)), e3 = ex2(fmaf(s[r][j][3], c1, b1));
           t0[r][j] = e0 + e1;
           t1[r][j] = e2 + e3;
           pa[r][j / 2][(j % 2) * 2] = pack_f32x2(e0, e1, (T*)nullptr);
@@ -1488,7 +1496,7 @@ struct FlashRows {
 #pragma unroll
       for (int r = 0; r < RG; ++r) {
         const float n0 = fmaxf(m[r][0], mx[r][0]), n1 = fmaxf(m[r][1], mx[r][1]);
-        const float a0 = ex2((m[r][0] - n0) * L2E), a1 = ex2((m[r][1] - n1) * L2E);
+        const float a0 = ex2((m[r][0] - n0) * (QS ? qs[r][0] : L2E)), a1 = ex2((m[r][1] - n1) * (QS ? qs[r][1] : L2E));
         m[r][0] = n0;
         m[r][1] = n1;
         l[r][0] *= a0;
@@ -1514,6 +1522,16 @@ struct FlashRows {
         }
       l[r][0] += t0[r][0];
       l[r][1] += t1[r][0];
+    }
+  }
+
+  // After the last `softmax<..., QS>`: m in the units of S scaled by the rows' factors (the
+  // merges' and `settle`'s), -inf staying -inf.
+  __device__ __forceinline__ void unscale() {
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      m[r][0] *= qs[r][0] * (1.0f / L2E);
+      m[r][1] *= qs[r][1] * (1.0f / L2E);
     }
   }
 
@@ -2242,6 +2260,7 @@ struct FlashWG {
   int lane, bt, row0, slice;  // row0: this warp's first row of its first group
   const TQ* qp;  // this batch item's Q (set at the first step; Q is loop-invariant)
   unsigned qa;   // 16-bit Q: this lane's ldmatrix address of its first fragment
+  bool qscaled;  // `st`'s rows carry Q's factors in their exponents (`q_scales`)
 
   // The warp's warpgroup, batch item, slice and rows are broadcast from its first lane, so
   // that ptxas sees them warp-uniform: the descriptors, stage indices and barrier addresses
@@ -2254,7 +2273,32 @@ struct FlashWG {
     lane = t & 31;
     slice = w / WR;
     row0 = (w % WR) * RG * 64 + (g & 3) * 16;
+    qscaled = false;
     st.reset();
+  }
+
+  // `run_ws`'s QN: the exponent scales of this thread's rows (`FlashRows::qs`) from the raw
+  // Q rows (`swz<64, 8>`, rows of 64, at `qp`): lane quad position qd sums the squares of
+  // chunks 2 qd and 2 qd + 1 of rows g and g + 8 in fp32, the quad's partials meet by
+  // shuffles, and the factor is 1 / rms as the norm's (`rms_rows_regs`). S = Q K of the raw
+  // rows times the factor in the exponent is the normalised rows' S, with no rounding of the
+  // normalised Q to T; Q goes to shared memory as copied, and the first S does not wait for
+  // a norm.
+  __device__ __forceinline__ void q_scales() {
+    static_assert(QSS && RG == 1 && D == 64 && !XMAX, "q_scales: Q by descriptor, one row group, rows of 64, no true max");
+    const int g = lane >> 2, qd = lane & 3;
+    const unsigned q0 = (unsigned)__cvta_generic_to_shared(qp);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + g + 8 * h;
+      float ss = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) acc8<T>(ss, lds16(q0 + r * 128 + (((2 * qd + c) ^ (r & 7)) << 4)), [](float x) { return x * x; });
+      ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+      ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+      st.qs[0][h] = FlashRows<RG, 8, XMAX>::L2E * rsqrtf(ss * (1.0f / (float)D));
+    }
+    qscaled = true;
   }
 
   // S = Q K over block j of this slice's keys for every group into `acc`, issued as one wgmma
@@ -2561,6 +2605,10 @@ struct FlashWG {
   // once its own copies landed): a step's S starts before V has landed, and the step waits
   // for V only before its P V.
   //
+  // With QN, Q's rows are normalised (QK-norm) by the softmax: Q sits in shared memory as
+  // copied, and each row's factor scales its exponent (`q_scales`, `FlashRows::qs`), so the
+  // loop starts without a pass over Q between its copy and the first S.
+  //
   // With ILV and KS = 3 (three warpgroups of 64-key steps) S, P and O fit 160 registers a
   // thread where two warpgroups of 128-key steps take 240.
   //
@@ -2572,7 +2620,7 @@ struct FlashWG {
   // 23.6-24.0, MQA b=16 40.6-40.9 -> 40.1-40.4, GQA b=8 15.4-15.7 -> 15.1-15.4, QK-norm b=8
   // (three warpgroups) 19.2-19.5 -> 19.0-19.1.
   static constexpr int PP_BAR = 8;
-  template <int STAGES, bool VN = false, bool SPLITV = false>
+  template <int STAGES, bool VN = false, bool SPLITV = false, bool QN = false>
   __device__ __forceinline__ void run_ws(const TQ* Q, const T* Kst, const T* Vst, int kel, int vel,
                                          unsigned long long* full, unsigned long long* empty, int iters,
                                          T* rs = nullptr, unsigned long long* vfull = nullptr) {
@@ -2608,6 +2656,8 @@ struct FlashWG {
 #pragma unroll
     for (int j = 0; j < NB; ++j)
       qk(Kst + (at(0) % STAGES) * kel, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
+    // With QN, Q is the raw rows: their factors beside the first S.
+    if constexpr (QN) q_scales();
     T* const rw = VN ? rs + wg * 2 * NK : nullptr;
     // With 64-key steps (FAHEAD), each stage's factors are computed a step ahead, beside the
     // previous step's wgmma; the first stage's here, beside its S.
@@ -2626,7 +2676,7 @@ struct FlashWG {
       // With VN and 128-key steps, this stage's factors beside the softmax (independent of
       // it: the compiler interleaves them), into slot k % 2.
       if constexpr (VN && !FAHEAD) v_factor(Vst + cur * vel, rw + (k & 1) * NK);
-      st.template softmax<NF, T, true>(sc, p);
+      st.template softmax<NF, T, true, QN>(sc, p);
       wg_wait<0>();
       wg_pin(st.o[0]);
       st.rescale_deferred();
@@ -2734,6 +2784,7 @@ struct FlashWG {
   // the producer warpgroup has left.
   template <int CS = 1, bool WS = false>
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
+    if (qscaled) st.unscale();
     st.settle();
     constexpr int GROUPS = BATCH * WR;
     [[maybe_unused]] const int tw = lin_tid() & 127, grp = bt * WR + ((lin_tid() >> 7) % NWG) % WR;

@@ -1710,6 +1710,25 @@ impl Ctx<'_> {
         Some((k, format!("in{k} + {at}"), dev.storage.cty()))
     }
 
+    /// The rms norm whose output is the warp-specialised attention's Q, where the softmax
+    /// applies it (`FlashWG::run_ws`'s QN): Q's 16-bit rows of 64 straight from device memory
+    /// into the region's swizzled Q tile of the same type, copied as they are (the rows'
+    /// factors scale the exponents); with V's factors too, only on three warpgroups
+    /// ([`ws_three`]). QK-norm b=8 on the H200: the block's set-up took 2837
+    /// cycles against GQA's 1930 with Q normalised before the loop (BENCHMARKS.md,
+    /// forty-ninth session).
+    fn q_norm_in_softmax(&self) -> Option<usize> {
+        let (f, _) = self.flash.as_ref()?;
+        self.ws?;
+        let op = self.bg.ops.iter().position(|o| o.kind == BlockOpKind::RmsNorm && o.outputs[0] == f.q)?;
+        let (k, _, _) = self.device_rows(self.bg.ops[op].inputs[0])?;
+        let swizzled = self.layout[f.q].is_some_and(|l| l.swz == Some(8) && l.ld == 64 && l.inner == 64 && !l.blocks);
+        // (Not in the two-warpgroup form with V's factors too: its 240 registers then spilled
+        // 20 / 88 bytes against 4 / 20.)
+        let room = self.ws3 || !f.v_norm;
+        (room && swizzled && f.d == 64 && f.x.is_none() && self.storage[f.q] == Some(self.ins[k].storage)).then_some(op)
+    }
+
     /// Template arguments `BATCH, M, N, K, LDA, LDB` of tile matmul `op` (row pitches through
     /// any padding), as `mi::matmul_tile` and `mi::MmaAcc` take them.
     fn mm_shape(&self, op: usize) -> String {
@@ -2666,7 +2685,8 @@ impl Ctx<'_> {
                         let keep = (0..given.len()).rev().find(|&i| given[i] != defaults[i]).map_or(0, |i| i + 1);
                         given[..keep].iter().map(|g| format!(", {g}")).collect::<String>()
                     };
-                    tmpl.push_str(&trail(vec![vn.to_string(), split.to_string()], &["false", "false"]));
+                    let qn = if self.q_norm_in_softmax().is_some() { "true" } else { "false" };
+                    tmpl.push_str(&trail(vec![vn.to_string(), split.to_string(), qn.to_string()], &["false", "false", "false"]));
                     args.push_str(&trail(vec![rs, vfull.to_string()], &["nullptr", "nullptr"]));
                     wl!(s, "fa.run_ws<{tmpl}>({args});");
                 } else if f.wg.is_some() {
@@ -2919,6 +2939,22 @@ impl Ctx<'_> {
                 let (x, o) = (bg.ops[op].inputs[0], bg.ops[op].outputs[0]);
                 let d = self.dims(x);
                 let len = d[d.len() - 1];
+                // The attention's Q, normalised by its softmax: the rows as they are.
+                if self.q_norm_in_softmax() == Some(op) {
+                    if let Some((k, row, _)) = self.device_rows(x) {
+                        let n = numel(d);
+                        wl!(s, "{{ // Q's rows as copied: the softmax applies their norm (`run_ws`'s QN)");
+                        wl!(s, "  const auto row = [&](int r) {{ return {row}; }};");
+                        wl!(s, "  if (mi::aligned16(in{k})) {{");
+                        wl!(s, "    for (int i = tid * 8; i < {n}; i += {nt} * 8) mi::cp_async16({} + mi::swz<64, 8>(i), row(i / 64) + i % 64);", self.tile(o));
+                        wl!(s, "  }} else {{");
+                        wl!(s, "    for (int i = tid; i < {n}; i += {nt}) {} = row(i / 64)[i % 64];", self.at(o, "i"));
+                        wl!(s, "  }}");
+                        wl!(s, "  mi::cp_async_commit();");
+                        wl!(s, "}}");
+                        return Ok(s);
+                    }
+                }
                 // A staged 16-bit tile into a 16-bit tile: whole rows in registers, 16 bytes a time.
                 let ldo = self.layout[o].map_or(len, |l| l.ld);
                 // QK-norm's Q under the wgmma form goes swizzled (see the layouts): the loop's

@@ -26,12 +26,15 @@ impl Executable {
 
     /// [`Executable::new`], compiling `source` instead of the generated source where given (a
     /// developer's edited copy of it): the launches stay the generated program's, so the
-    /// source must define the same kernels with the same parameters and shared memory.
+    /// source must define the same kernels with the same parameters, except where a line
+    /// `// mirage-launch: NAME block=X,Y,Z smem=BYTES` (either key optional) changes kernel
+    /// NAME's block or dynamic shared memory (a hand variant with another warpgroup).
     pub fn with_source(g: &KernelGraph, ordinal: i32, source: Option<String>) -> Result<Executable> {
         let device = driver::device(ordinal)?;
         let mut program =
             generate(g, &Options { smem_limit: Some(device.smem_optin), ..Options::for_arch_from_env(device.arch)? })?;
         if let Some(s) = source {
+            override_launches(&mut program.kernels, &s)?;
             program.source = s;
         }
         Self::from_program(program, device)
@@ -101,5 +104,61 @@ impl Executable {
             .collect();
         // SAFETY: forwarded from the caller's contract.
         unsafe { self.module.launch(&args, stream) }
+    }
+}
+
+/// Applies a hand-edited source's `// mirage-launch:` lines to `kernels` (see
+/// [`Executable::with_source`]).
+fn override_launches(kernels: &mut [crate::program::KernelSpec], source: &str) -> Result<()> {
+    let bad = |line: &str, why: &str| Error::Launch(format!("`{}`: {why}", line.trim()));
+    for line in source.lines().filter_map(|l| l.trim().strip_prefix("// mirage-launch:")) {
+        let mut words = line.split_whitespace();
+        let name = words.next().ok_or_else(|| bad(line, "no kernel name"))?;
+        let k = kernels.iter_mut().find(|k| k.name == name).ok_or_else(|| bad(line, "no such kernel"))?;
+        for w in words {
+            match w.split_once('=') {
+                Some(("block", v)) => {
+                    let d: Vec<u32> = v
+                        .split(',')
+                        .map(str::parse)
+                        .collect::<std::result::Result<_, _>>()
+                        .map_err(|_| bad(line, "block=X,Y,Z"))?;
+                    k.block = <[u32; 3]>::try_from(d).map_err(|_| bad(line, "block=X,Y,Z"))?;
+                }
+                Some(("smem", v)) => k.smem_bytes = v.parse().map_err(|_| bad(line, "smem=BYTES"))?,
+                _ => return Err(bad(line, "expected block=X,Y,Z or smem=BYTES")),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::KernelSpec;
+
+    fn spec() -> KernelSpec {
+        KernelSpec {
+            name: "mi_k0".into(),
+            kind: "customized",
+            op: 0,
+            grid: [1, 1, 1],
+            block: [128, 1, 1],
+            cluster: [1, 1, 1],
+            smem_bytes: 0,
+            args: vec![],
+            dep_wait: false,
+        }
+    }
+
+    #[test]
+    fn a_launch_line_changes_block_and_smem() {
+        let mut k = [spec()];
+        override_launches(&mut k, "x\n// mirage-launch: mi_k0 block=640,1,1 smem=4096\n").unwrap();
+        assert_eq!((k[0].block, k[0].smem_bytes), ([640, 1, 1], 4096));
+        assert!(override_launches(&mut k, "// mirage-launch: mi_k9 block=1,1,1").is_err());
+        assert!(override_launches(&mut k, "// mirage-launch: mi_k0 block=1,1").is_err());
+        assert!(override_launches(&mut k, "// mirage-launch: mi_k0 grid=1").is_err());
     }
 }

@@ -435,6 +435,7 @@ def test_interleaved_warp_specialised_attention(
     # VN (P scaled by V's row factors) with QK-norm; else V marked full apart from K (SPLITV).
     targs = src.split("fa.run_ws<")[1].split(">")[0].split(", ")
     assert (targs[1:2] == ["true"]) == qknorm and (targs[2:3] == ["true"]) == (not qknorm)
+    assert ("fa.finish<2, true, true>(" in src) == (cluster == 2)
     _assert_runs_close(g, *_attention_case(dtype, qknorm, b, m, n, n + b))
 
 
@@ -489,6 +490,8 @@ def test_three_warpgroup_interleaved_attention(
     # exponent by its factor (`run_ws`'s QN).
     targs = src.split("fa.run_ws<")[1].split(">")[0].split(", ")
     assert (targs[3:4] == ["true"]) == qknorm and ("mi::rms_norm_rows" in src) is False
+    # A cluster pair finishes half the rows in each of its blocks (`finish`'s HALVES).
+    assert ("fa.finish<2, true, true>(" in src) == (cluster == 2)
     _assert_runs_close(g, *_attention_case(dtype, qknorm, b, m, n, n + b + 3))
     # The program that ran is the three-warpgroup one.
     assert "constexpr int NC = 384;" in _cuda.executable(g, torch.cuda.current_device()).source

@@ -2782,8 +2782,14 @@ struct FlashWG {
   // the bytes.
   // With WS (after `run_ws`) the slices' barriers are the consumers' own (named barrier 1):
   // the producer warpgroup has left.
-  template <int CS = 1, bool WS = false>
+  // With HALVES (a cluster of two over one group of 64 rows), each block finishes half the
+  // rows instead: the slice-0 warps of rows 32 h to 32 h + 31 (h = row0 / 32) save into block
+  // h's scratch when h is the other block, and merge there; O, L and X get block h's rows only
+  // (the caller's later steps take that half too). Half the bytes cross each way at once, and
+  // both blocks' epilogues run.
+  template <int CS = 1, bool WS = false, bool HALVES = false>
   __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
+    static_assert(!HALVES || (CS == 2 && M == 64 && RG == 1 && BATCH == 1), "finish: halves of one group of 64 rows in a pair");
     if (qscaled) st.unscale();
     st.settle();
     constexpr int GROUPS = BATCH * WR;
@@ -2794,13 +2800,21 @@ struct FlashWG {
       cluster_sync_relaxed();
       const unsigned rank = cluster_rank();
       constexpr int SLOT = FlashRows<RG, 8>::template SLOT_FLOATS<128>;
-      if (rank > 0 && slice == 0) st.template save<128>(cluster_map(scratch, 0u) + ((KS - 1 + (int)rank - 1) * GROUPS + grp) * SLOT, tw);
-      cluster_sync();
-      if (rank == 0 && slice == 0) {
+      if constexpr (HALVES) {
+        const unsigned h = (unsigned)row0 >> 5;
+        if (h != rank && slice == 0) st.template save<128>(cluster_map(scratch, h) + ((KS - 1) * GROUPS + grp) * SLOT, tw);
+        cluster_sync();
+        if (h == rank && slice == 0) st.template merge<128>(scratch + ((KS - 1) * GROUPS + grp) * SLOT, tw);
+        mine = mine && h == rank;
+      } else {
+        if (rank > 0 && slice == 0) st.template save<128>(cluster_map(scratch, 0u) + ((KS - 1 + (int)rank - 1) * GROUPS + grp) * SLOT, tw);
+        cluster_sync();
+        if (rank == 0 && slice == 0) {
 #pragma unroll 1
-        for (int r = 1; r < CS; ++r) st.template merge<128>(scratch + ((KS - 1 + r - 1) * GROUPS + grp) * SLOT, tw);
+          for (int r = 1; r < CS; ++r) st.template merge<128>(scratch + ((KS - 1 + r - 1) * GROUPS + grp) * SLOT, tw);
+        }
+        mine = mine && rank == 0;
       }
-      mine = mine && rank == 0;
     }
     if (mine) st.store(O, L, X, lane, [&](int r) { return bt * M + row0 + r * 64; });
   }

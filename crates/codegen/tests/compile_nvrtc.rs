@@ -488,6 +488,11 @@ fn interleaved_warp_specialised_attention_compiles() {
         assert_eq!(targs.get(1).is_some_and(|t| t == "true"), qknorm, "{what}");
         assert_eq!(targs.get(2).is_some_and(|t| t == "true"), !qknorm, "{what}");
         assert_eq!(p.source.contains("mi::cp_async_mbar_arrive(mi_vfull + st);"), !qknorm, "{what}");
+        // A cluster pair finishes half the rows in each block (`finish`'s HALVES): no block
+        // leaves after the merge, and each writes its half.
+        assert_eq!(p.source.contains("fa.finish<2, true, true>("), cluster == 2, "{what}");
+        assert_eq!(p.source.contains("const int lo = (int)mi::cluster_rank() * 2048;"), cluster == 2, "{what}");
+        assert!(!p.source.contains("if (mi::cluster_rank() != 0) return;"), "{what}");
         assert!(
             p.kernels.iter().any(|k| k.block == [384, 1, 1] && k.cluster.iter().product::<u32>() == cluster),
             "{what}"

@@ -14,7 +14,9 @@ the NVRTC already loaded in this process (torch's), the nvidia pip packages on `
 / a folder in the call) writes each generated source to ``<folder>/<graph hash>_sm<arch>.cu``.
 For kernel work, ``MIRAGE_LOAD_CODES=<folder>`` compiles ``<folder>/<graph hash>_sm<arch>.cu``,
 where it exists, in place of the generated source (an edited copy of a saved one: the same
-kernels and parameters, since the launches stay the generated program's), with a warning.
+kernels and parameters, since the launches stay the generated program's, except that a line
+``// mirage-launch: NAME block=X,Y,Z smem=BYTES`` changes kernel NAME's block or dynamic
+shared memory), with a warning.
 
 The interleaved warp-specialised attention loop (64 query rows a block) runs on three consumer
 warpgroups of 64-key stages where V is normalised (QK-norm) and on two of 128-key stages

@@ -120,7 +120,8 @@ pub struct CudaExecutable {
 impl CudaExecutable {
     /// Generates (for the device's arch and shared-memory limit), compiles (cached) and loads;
     /// with `source`, that source is compiled in place of the generated one (same kernels and
-    /// parameters: the launches stay the generated program's).
+    /// parameters: the launches stay the generated program's but for its `// mirage-launch:`
+    /// lines, see `Executable::with_source`).
     #[new]
     #[pyo3(signature = (graph, device, source=None))]
     fn new(py: Python<'_>, graph: PyRef<'_, KernelGraph>, device: i32, source: Option<String>) -> PyResult<Self> {

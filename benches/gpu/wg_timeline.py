@@ -53,7 +53,7 @@ _STEPS = (
         "softmax",
         False,
     ),
-    ("      st.template softmax<NF, T, true>(sc, p);\n", False, "wait_pv", False),
+    ("      st.template softmax<NF, T, true, QN>(sc, p);\n", False, "wait_pv", False),
     ("      st.rescale_deferred();\n", False, "release_full", False),
     ("      if (PP) bar_sync_id<256>(PP_BAR + wg);\n", True, "turn", False),
     ("      if (PP) bar_sync_id<256>(PP_BAR + wg);\n", False, "issue", False),

@@ -1533,17 +1533,18 @@ impl Ctx<'_> {
     /// while the second leaves.
     fn finish_halves(&self, steps: &[(Section, Step)]) -> bool {
         let Some((f, _)) = &self.flash else { return false };
-        let rows_of = |t: STensorId| {
+        // A tile's leading dims (its rows) and its last.
+        let rows_width = |t: STensorId| {
             let d = self.dims(t);
             (d[..d.len() - 1].to_vec(), d[d.len() - 1])
         };
-        let (orows, ow) = rows_of(f.o);
+        let (orows, ow) = rows_width(f.o);
         let row_wise = |g: usize| {
-            let (rows, w) = rows_of(self.groups[g].output);
+            let (rows, w) = rows_width(self.groups[g].output);
             rows == orows
                 && w == ow
                 && self.groups[g].inputs.iter().all(|&x| {
-                    let (xr, xw) = rows_of(x);
+                    let (xr, xw) = rows_width(x);
                     xr == rows && (xw == w || xw == 1)
                 })
         };
@@ -1755,9 +1756,10 @@ impl Ctx<'_> {
     /// applies it (`FlashWG::run_ws`'s QN): Q's 16-bit rows of 64 straight from device memory
     /// into the region's swizzled Q tile of the same type, copied as they are (the rows'
     /// factors scale the exponents); with V's factors too, only on three warpgroups
-    /// ([`ws_three`]). QK-norm b=8 on the H200: the block's set-up took 2837
-    /// cycles against GQA's 1930 with Q normalised before the loop (BENCHMARKS.md,
-    /// forty-ninth session).
+    /// ([`ws_three`]). QK-norm on the H200 (saved winners, four rounds, against Q normalised
+    /// before the loop): b=8 17.48-17.87 against 17.75-17.83 µs, the block's set-up 2837 ->
+    /// 2487 cycles; b=16 unchanged (BENCHMARKS.md, fiftieth session); and no rounding of the
+    /// normalised Q to 16 bits.
     fn q_norm_in_softmax(&self) -> Option<usize> {
         let (f, _) = self.flash.as_ref()?;
         self.ws?;

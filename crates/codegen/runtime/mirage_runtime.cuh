@@ -1426,11 +1426,13 @@ struct FlashRows {
   template <int NFC, typename T, bool DEFER = false, bool QS = false>
   __device__ __forceinline__ void softmax(float (&s)[RG][NFC][4], unsigned (&pa)[RG][NFC / 2][4]) {
     static_assert(!(QS && XMAX), "softmax: row scales only without the true running max");
+    // Row r's half h exponent scale.
+    auto sc = [&](int r, int h) { return QS ? qs[r][h] : L2E; };
     float t0[RG][NFC], t1[RG][NFC];
     auto exps = [&] {
 #pragma unroll
       for (int r = 0; r < RG; ++r) {
-        const float c0 = QS ? qs[r][0] : L2E, c1 = QS ? qs[r][1] : L2E;
+        const float c0 = sc(r, 0), c1 = sc(r, 1);
         const float b0 = -m[r][0] * c0, b1 = -m[r][1] * c1;
 #pragma unroll
         for (int j = 0; j < NFC; ++j) {
@@ -1496,7 +1498,7 @@ struct FlashRows {
 #pragma unroll
       for (int r = 0; r < RG; ++r) {
         const float n0 = fmaxf(m[r][0], mx[r][0]), n1 = fmaxf(m[r][1], mx[r][1]);
-        const float a0 = ex2((m[r][0] - n0) * (QS ? qs[r][0] : L2E)), a1 = ex2((m[r][1] - n1) * (QS ? qs[r][1] : L2E));
+        const float a0 = ex2((m[r][0] - n0) * sc(r, 0)), a1 = ex2((m[r][1] - n1) * sc(r, 1));
         m[r][0] = n0;
         m[r][1] = n1;
         l[r][0] *= a0;

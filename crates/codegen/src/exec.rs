@@ -10,7 +10,7 @@ use crate::driver::{self, Device, Module};
 use crate::error::{Error, Result};
 use crate::generate::{generate, Options};
 use crate::nvrtc;
-use crate::program::{BufferRef, Program};
+use crate::program::{BufferRef, KernelSpec, Program};
 
 /// A kernel graph compiled and loaded on one device.
 pub struct Executable {
@@ -109,7 +109,7 @@ impl Executable {
 
 /// Applies a hand-edited source's `// mirage-launch:` lines to `kernels` (see
 /// [`Executable::with_source`]).
-fn override_launches(kernels: &mut [crate::program::KernelSpec], source: &str) -> Result<()> {
+fn override_launches(kernels: &mut [KernelSpec], source: &str) -> Result<()> {
     let bad = |line: &str, why: &str| Error::Launch(format!("`{}`: {why}", line.trim()));
     for line in source.lines().filter_map(|l| l.trim().strip_prefix("// mirage-launch:")) {
         let mut words = line.split_whitespace();
@@ -136,7 +136,6 @@ fn override_launches(kernels: &mut [crate::program::KernelSpec], source: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::program::KernelSpec;
 
     fn spec() -> KernelSpec {
         KernelSpec {

@@ -44,6 +44,18 @@ def gpu_script(name: str) -> ModuleType:
     return mod
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """With ``MIRAGE_DUMP_GRAPHS`` set, writes every graph the suite ran there, one
+    ``<hash>.json`` each (the input of ``benches/dump_sources.py``)."""
+    folder = os.environ.get("MIRAGE_DUMP_GRAPHS")
+    if not folder:
+        return
+    os.makedirs(folder, exist_ok=True)
+    for h, text in RAN_GRAPHS.items():
+        with open(os.path.join(folder, f"{h}.json"), "w", encoding="utf-8") as f:
+            f.write(text)
+
+
 def nvrtc_or_skip() -> None:
     """Skips the calling test when NVRTC cannot be loaded (never in CI, which has it via the
     venv: there it fails)."""

@@ -1,0 +1,205 @@
+"""compute-sanitizer over the winners of the benchmark suite (run on a GPU machine).
+
+For each workload and batch of ``bench.py``'s suite the winner comes from ``--graphs DIR``
+(files ``<workload>_<batch>_*.json`` as ``bench.py --save-graphs`` writes them) or, when there is
+none, from ``superoptimize`` run here, outside the sanitizer (its on-disk cache makes a second
+run quick); it is saved under ``--workdir``. Then each winner runs once per tool in a child
+process under ``compute-sanitizer --tool T`` (memcheck, racecheck, synccheck), restricted to
+our kernels (names ``mi_k*``), on fresh random inputs with its outputs poisoned; the child
+checks the output against a float64 torch reference too. The summary table comes last::
+
+    PYTHONPATH=/tmp/mi python benches/gpu/sanitize.py --batches 1,8 --json $OUT/san.json
+    python benches/gpu/sanitize.py --graphs benches/gpu/results/<run>/all-graphs --only gqa
+    python benches/gpu/sanitize.py --child FILE --kind attention     # what each tool runs
+
+A tool's line reads ``errors`` (memcheck/synccheck errors, racecheck hazards reported as
+errors) and ``warnings`` (racecheck's), from compute-sanitizer's summary lines; ``rel_err`` is
+the child's ``||out - ref|| / ||ref||`` (it must be below 1e-2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+TOOLS = ("memcheck", "racecheck", "synccheck")
+_SUMMARY = re.compile(r"(ERROR|RACECHECK) SUMMARY: (\d+) (?:errors|hazards displayed)")
+_RACE_COUNTS = re.compile(r"\((\d+) errors?, (\d+) warnings?\)")
+_FUNC_START = re.compile(r"in (?:void )?(?=mi::|mi_k)")
+
+
+def _functions(text: str) -> list[str]:
+    """Names of our device functions in a report (``mi::...`` or a kernel ``mi_k...``), each up
+    to its argument list: the first ``(`` outside template brackets."""
+    out = []
+    for m in _FUNC_START.finditer(text):
+        depth, i = 0, m.end()
+        while i < len(text) and text[i] != "\n":
+            c = text[i]
+            depth += (c == "<") - (c == ">")
+            if c == "(" and depth == 0:
+                out.append(text[m.end() : i].strip())
+                break
+            i += 1
+    return out
+
+
+def parse_report(text: str) -> dict[str, Any]:
+    """Counts of a compute-sanitizer run's output: errors, warnings and the device functions
+    its reports name (at most 8, most frequent first); ``errors`` is None without a summary."""
+    errors: int | None = None
+    warnings = 0
+    for line in text.splitlines():
+        m = _SUMMARY.search(line)
+        if not m:
+            continue
+        if m.group(1) == "RACECHECK":
+            c = _RACE_COUNTS.search(line)
+            errors = int(c.group(1)) if c else int(m.group(2))
+            warnings = int(c.group(2)) if c else 0
+        else:
+            errors = int(m.group(2))
+    funcs: dict[str, int] = {}
+    for f in _functions(text):
+        funcs[f] = funcs.get(f, 0) + 1
+    top = sorted(funcs, key=lambda k: -funcs[k])[:8]
+    return {"errors": errors, "warnings": warnings, "functions": top}
+
+
+def run_child(path: str, kind: str, seed: int) -> dict[str, Any]:
+    """Loads a winner, runs it once on fresh inputs (outputs poisoned), compares with float64."""
+    import bench
+    import mirage as mi
+    import torch
+    from mirage import _cuda
+
+    with open(path, encoding="utf-8") as f:
+        graph = mi.from_json(f.read())
+    dims = [tuple(t.dims) for t in graph.inputs]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    xs = bench.inputs_for(kind, dims, gen)
+    (out,) = _cuda.run(graph, xs, poison=True)
+    torch.cuda.synchronize()
+    err = bench.rel_err(out, bench.reference(kind, xs))
+    return {"rel_err": err, "ok": err < bench.TOL}
+
+
+def winner_file(
+    name: str, b: int, graphs: str | None, workdir: str, args: argparse.Namespace
+) -> str:
+    """The saved winner of a cell, searching (outside any sanitizer) when none is saved."""
+    for folder in filter(None, (graphs, workdir)):
+        found = sorted(glob.glob(os.path.join(folder, f"{name}_{b}_*.json")))
+        if found:
+            return found[0]
+    import bench
+
+    w = next(x for x in bench.WORKLOADS if x.name == name)
+    g = bench.build_program(w.kind, w.dims(b))
+    best = g.superoptimize(backend="cuda", config=w.config, time_budget=args.time_budget)
+    winner = (best.search_stats or {}).get("winner") or {}
+    path = os.path.join(workdir, f"{name}_{b}_{(winner.get('hash') or best.hash())[:8]}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(best.to_json())
+    return path
+
+
+def sanitize(path: str, kind: str, tool: str, timeout: float) -> dict[str, Any]:
+    """One compute-sanitizer run of the child on a winner."""
+    cmd = [
+        "compute-sanitizer",
+        "--tool",
+        tool,
+        "--kernel-name",
+        "kns=mi_k",
+        "--print-limit",
+        "64",
+    ]
+    if tool == "racecheck":
+        cmd += ["--racecheck-report", "all"]
+    cmd += [sys.executable, os.path.abspath(__file__), "--child", path, "--kind", kind]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        text = p.stdout + p.stderr
+        code: int | str = p.returncode
+    except subprocess.TimeoutExpired as e:
+        text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        code = "timeout"
+    res = parse_report(text)
+    res.update({"tool": tool, "exit": code, "seconds": round(time.perf_counter() - t0, 1)})
+    m = re.search(r"CHILD (\{.*\})", text)
+    res["child"] = json.loads(m.group(1)) if m else None
+    if res["errors"] is None or res["child"] is None:
+        res["tail"] = text[-2000:]
+    return res
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--kind", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    ap.add_argument("--only", default=None, help="comma-separated workload names")
+    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--graphs", default=None, help="folder of saved winners (bench --save-graphs)")
+    ap.add_argument("--workdir", default="/tmp/mirage-sanitize")
+    ap.add_argument("--time-budget", type=float, default=None, help="search seconds per cell")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per sanitizer run")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.child:
+        res = run_child(args.child, args.kind, args.seed)
+        print("CHILD " + json.dumps(res), flush=True)
+        return 0 if res["ok"] else 1
+    if shutil.which("compute-sanitizer") is None:
+        print("compute-sanitizer is not on PATH", file=sys.stderr)
+        return 2
+    import bench
+
+    os.makedirs(args.workdir, exist_ok=True)
+    names = [w.name for w in bench.WORKLOADS]
+    if args.only:
+        names = [n for n in names if n in args.only.split(",")]
+    kinds = {w.name: w.kind for w in bench.WORKLOADS}
+    rows: list[dict[str, Any]] = []
+    for b in [int(x) for x in args.batches.split(",")]:
+        for name in names:
+            path = winner_file(name, b, args.graphs, args.workdir, args)
+            for tool in args.tools.split(","):
+                r = sanitize(path, kinds[name], tool, args.timeout)
+                r.update({"workload": name, "batch": b, "graph": os.path.basename(path)})
+                rows.append(r)
+                print(json.dumps(r)[:400], flush=True)
+                if args.json:
+                    with open(args.json, "w", encoding="utf-8") as f:
+                        json.dump(rows, f, indent=1)
+    print(f"\n{'workload':<22}{'b':>3}  {'tool':<10}{'errors':>8}{'warn':>6}  rel_err  functions")
+    bad = 0
+    for r in rows:
+        child = r.get("child") or {}
+        err = child.get("rel_err")
+        e = r["errors"]
+        bad += e is None or e > 0 or r["warnings"] > 0 or not child.get("ok")
+        print(
+            f"{r['workload']:<22}{r['batch']:>3}  {r['tool']:<10}{e!s:>8}{r['warnings']:>6}  "
+            f"{'-' if err is None else f'{err:.1e}':>7}  {', '.join(r['functions'][:3])}"
+        )
+    print(f"{len(rows)} runs, {bad} with errors, hazards or a failed check")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""The sanitizer script's reading of compute-sanitizer output, checked without a GPU: its
+counts decide whether a winner is reported clean, so a summary it misreads would hide hazards."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+from conftest import gpu_script
+
+
+@pytest.fixture(scope="module")
+def sanitize() -> ModuleType:
+    return gpu_script("sanitize")
+
+
+RACE = """\
+========= Potential WAW hazard (invalid memcpy_async synchronization) at 0x5c0 in void \
+mi::FlashRows<1, 8, false>::save<128>(float *, int) const
+=========     Write Thread (0,0,0) at 0x9a0 in void mi::cp_async16<(bool)0>(void *, const void *)
+========= Potential WAW hazard (invalid memcpy_async synchronization) at 0x5c0 in void \
+mi::FlashRows<1, 8, false>::save<128>(float *, int) const
+========= RACECHECK SUMMARY: 17342 hazards displayed (17340 errors, 2 warnings)
+"""
+
+
+def test_racecheck_summary_counts_errors_warnings_and_functions(sanitize):
+    r = sanitize.parse_report(RACE)
+    assert r["errors"] == 17340 and r["warnings"] == 2
+    assert r["functions"][0] == "mi::FlashRows<1, 8, false>::save<128>"
+    assert "mi::cp_async16<(bool)0>" in r["functions"]
+
+
+@pytest.mark.parametrize("n", [0, 3])
+def test_memcheck_summary(sanitize, n):
+    r = sanitize.parse_report(f"noise\n========= ERROR SUMMARY: {n} errors\n")
+    assert r == {"errors": n, "warnings": 0, "functions": []}
+
+
+def test_no_summary_is_not_clean(sanitize):
+    # A run that died before its summary (a crash, a timeout) must not count as 0 errors.
+    assert sanitize.parse_report("Segmentation fault")["errors"] is None

@@ -80,7 +80,7 @@ SAVED = GPU_SCRIPTS / "results" / "h200-2026-11-29-s43" / "mlp-graphs"
 
 
 def test_the_saved_winners_load_and_generate_their_forms(monkeypatch):
-    # The forty-third session's MLP-table winners (kept for `variants.py` A/B runs): they
+    # Fifteen saved MLP-side winners (kept for `variants.py` A/B runs): they
     # load; the three co-resident twins (`smem_cap`) keep their stages within two blocks an
     # SM; the four warpgroup twins (`warpgroup_acc`: RMSNorm+Linear b=8 and 16 at both widths
     # but 4096x6144 b=8, gated MLP b=16) sum their matmuls with `mi::MmaAccWG` and the rest

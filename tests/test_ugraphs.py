@@ -1,4 +1,4 @@
-"""The reference's hand-written µGraphs (mirage-facts section 2) against plain torch.
+"""The reference's hand-written µGraphs (docs/reference.md: µGraph semantics) against plain torch.
 
 Each builder returns ``(graph, inputs, references)``: numpy float32 inputs and float64 torch
 references of the unfused program. ``GRAPHS`` is reused by the serialization tests.

@@ -1,5 +1,5 @@
 """Side-by-side GPU benchmark: the µGraph ``superoptimize`` returns vs PyTorch eager,
-torch.compile, SDPA and compiled SDPA, on the paper's fp16 workloads (mirage-facts sections 6-7).
+torch.compile, SDPA and compiled SDPA, on the paper's fp16 workloads (docs/reference.md: workloads, baselines).
 
 Per workload and batch, in one run:
 

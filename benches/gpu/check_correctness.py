@@ -1,6 +1,6 @@
 """Correctness of the generated CUDA kernels on the paper's workloads (run on a GPU machine).
 
-For each workload (mirage-facts section 6 shapes, batch 1/8/16) the hand-written µGraph (and,
+For each workload (docs/reference.md's shapes, batch 1/8/16) the hand-written µGraph (and,
 at batch 1, the reference program of predefined ops) runs on fresh random inputs with its
 outputs and workspace poisoned (NaN) first; the result is compared with a float64 PyTorch
 reference by ||out - ref|| / ||ref|| (pass: < 1e-2 for fp16/bf16, < 1e-4 for fp32). GQA also

@@ -1,5 +1,5 @@
-// compute-sanitizer racecheck and cp.async across a thread-block cluster (the H100 GPU machine;
-// BENCHMARKS.md section 5, thirty-third session). The interleaved warp-specialised attention
+// compute-sanitizer racecheck and cp.async across a thread-block cluster (run on the H100 or
+// H200 GPU machine). The interleaved warp-specialised attention
 // form's epilogue in miniature. A cluster of two blocks; in each, 128 producer threads copy
 // 16 bytes each into `buf`, wait for their own copies, arrive on a named barrier that the 128
 // consumer threads sync on, and arrive on the cluster barrier with release. The consumers read

@@ -1,4 +1,4 @@
-// Streaming microbenchmark (the H100 / H200 GPU machine; BENCHMARKS.md section 5): how fast can a
+// Streaming microbenchmark (the H100 / H200 GPU machine): how fast can a
 // 4096x4096 fp16 W (row-major [K, N]) be read cold (6 rotated copies, 192 MiB > 3x L2), per
 // access pattern: grid-stride vector loads, cp.async column strips (the generated GEMV loops'
 // pattern), 1-D bulk copies and 2-D TMA tiles? One CUDA graph per variant, median µs per launch.

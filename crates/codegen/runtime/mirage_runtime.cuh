@@ -164,7 +164,7 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 // cannot split a warp-uniform part of it into a uniform register. With that split (`LDGSTS
 // [R+UR], desc[..]`) the ptxas of CUDA 13.0's NVRTC encoded an L2 policy's descriptor as an odd
 // uniform register (`desc[UR1]`), and the copy stopped the kernel with an illegal instruction
-// (the zoo's fp32 gated MLP, a RMSNorm+Linear candidate; BENCHMARKS.md, forty-fourth session).
+// (the zoo's fp32 gated MLP, a RMSNorm+Linear candidate; docs/tuning.md).
 // One shuffle a tile: its copies add constants to it (`R+imm` addresses).
 __device__ __forceinline__ unsigned smem_lane(const void* smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -2268,7 +2268,7 @@ struct FlashWG {
   // that ptxas sees them warp-uniform: the descriptors, stage indices and barrier addresses
   // derived from them then stay in uniform registers (sm_90: the wgmma descriptors without a
   // `R2UR` each; the bench's GQA b=8 winner went 7520 -> 6936 instructions, its 12/52 bytes of
-  // spills to none; BENCHMARKS.md, forty-ninth session).
+  // spills to none; docs/tuning.md).
   __device__ __forceinline__ void init() {
     const int t = lin_tid(), g = __shfl_sync(0xffffffffu, t >> 5, 0), w = (g >> 2) % NWG;
     bt = (g >> 2) / NWG;
@@ -2596,7 +2596,7 @@ struct FlashWG {
   // next stage's factors after its S instead: 21.4 (without the factor loads 18.4, without
   // the barrier and scaling 19.5). Rewriting V in place by a producer that waits
   // for each stage's copies kept two stages in flight (30 us). Three warpgroups (18.9-19.5 us
-  // here) against factors off the consumers (BENCHMARKS.md, thirty-seventh session): by the
+  // here) against factors off the consumers (docs/tuning.md): by the
   // producer a few stages behind its copies 23.0-23.9; by two factor warps beside two copying
   // ones 22.3-22.7 (17.7 without their sums: a warp's chain over a stage outlasts a step); as
   // the diagonal of V V^T by the producer's wgmma 28.3-29.2; here in packed fp16 partial sums

@@ -383,7 +383,7 @@ const WS3_CONSUMER_REGS: usize = 160;
 /// stages. The block graph's 256 threads run every step; a third warpgroup (threads 256 to
 /// 383) joins for the loop and the slices' merge only. On the H100 (saved winners, the
 /// bench's timing) QK-norm b=8 took 19.3-19.5 us against 19.8-20.2 with two warpgroups, GQA
-/// b=8 16.2-16.4 against 15.4-15.6 (BENCHMARKS.md, thirty-sixth session).
+/// b=8 16.2-16.4 against 15.4-15.6 (docs/tuning.md).
 fn ws_three(f: &FlashRegion, wgs: WsWarpgroups) -> bool {
     asks_three(f, wgs) && ws_interleaved(f) && f.n == 64 && f.dv == 64
 }
@@ -1758,7 +1758,7 @@ impl Ctx<'_> {
     /// factors scale the exponents); with V's factors too, only on three warpgroups
     /// ([`ws_three`]). QK-norm on the H200 (saved winners, four rounds, against Q normalised
     /// before the loop): b=8 17.48-17.87 against 17.75-17.83 µs, the block's set-up 2837 ->
-    /// 2487 cycles; b=16 unchanged (BENCHMARKS.md, fiftieth session); and no rounding of the
+    /// 2487 cycles; b=16 unchanged (docs/tuning.md); and no rounding of the
     /// normalised Q to 16 bits.
     fn q_norm_in_softmax(&self) -> Option<usize> {
         let (f, _) = self.flash.as_ref()?;
@@ -1964,7 +1964,7 @@ impl Ctx<'_> {
     /// the loop if there is one. Its 16-byte copies then carry the L2 policy evict_first, so
     /// that these lines leave the L2 before those read again (a tile other blocks share, a
     /// later kernel's workspace) and before the next call's prefetched first stages
-    /// (`prefetches`). H200, the forty-third session's winners, one call, medians of three
+    /// (`prefetches`). H200, saved MLP-side winners, one call, medians of three
     /// rounds, µs (without -> with): RMSNorm+Linear 4096 b=1/8/16 10.3/10.4/11.0 ->
     /// 9.5/9.7/11.0, 4096x6144 14.9/15.2/16.7 -> 13.5/14.7/16.4, gated MLP 17.5/18.4/18.1 ->
     /// 16.5/17.1/17.3; LoRA +0.02-0.06, nTrans within 0.01.

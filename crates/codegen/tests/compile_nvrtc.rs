@@ -609,8 +609,7 @@ fn warp_specialised_attention_spills_no_more_than_measured() {
     // three consumer warpgroups (QK-norm's default) spill nothing, two interleaved (GQA's
     // default) 4 bytes stored / 20 loaded at most, the 128-row form 16 / 16 (before: 32 / 72
     // and 80 / 180). A change that makes one spill more fails here before it reaches
-    // the GPU (spills in these kernels cost up to 2 us a call on the H100: BENCHMARKS
-    // section 5).
+    // the GPU (spills in these kernels cost up to 2 us a call on the H100).
     if !setup() {
         return;
     }

@@ -1,4 +1,4 @@
-//! The search on every workload of the paper (mirage-facts section 6) at batch `B` (default 1),
+//! The search on every workload of the paper (docs/reference.md: workloads) at batch `B` (default 1),
 //! default config: time, states, candidates and what the best candidate looks like.
 //!
 //! `cargo run --release -p mirage-search --example paper_workloads`

@@ -1,6 +1,6 @@
 //! The axioms of abstract expressions, in one place, and the saturation of a target's terms.
 //!
-//! All rules are equalities of the abstraction (mirage-facts section 3); none cancels terms.
+//! All rules are equalities of the abstraction (docs/reference.md: search); none cancels terms.
 //! `free(b)` is the set of indices `b` depends on ([`crate::expr::ExprAnalysis`]):
 //!
 //! | name | rule |

@@ -15,7 +15,7 @@
 //! Predefined ops are library kernels: they move their operands and result once, at full
 //! utilisation. A kernel whose loop the code generator splits across thread-block clusters
 //! (`BlockGraph::cluster_split`) is priced in that form, plus the merge.
-//! Defaults are the H100 numbers of mirage-facts section 7.
+//! Defaults are the H100 numbers of docs/reference.md (baselines on the H100).
 
 use mirage_ugraph::{BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Phase};
 
@@ -54,7 +54,7 @@ pub struct CostModel {
     /// Blocks of one wave (one an SM) whose streaming loops saturate DRAM: a smaller wave
     /// reads at the fraction `blocks / this` of the bandwidth. On the H200, RMSNorm+Linear
     /// 4096x6144 in 96 blocks of 64 columns took 15.6-15.9 µs (b=1, b=8) against 17.1-17.5
-    /// for the best 128-block forms (bench timing, BENCHMARKS.md, fortieth session).
+    /// for the best 128-block forms (bench timing; docs/tuning.md).
     pub dram_saturating_blocks: usize,
 }
 

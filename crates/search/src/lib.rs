@@ -1,4 +1,4 @@
-//! Expression-guided exhaustive search for µGraphs (mirage-facts sections 2, 3): given a
+//! Expression-guided exhaustive search for µGraphs (docs/reference.md: µGraph semantics, search): given a
 //! reference program, enumerate kernel graphs of predefined ops and customized (block-graph)
 //! kernels, prune every partial block graph whose abstract expression is not in the saturated
 //! e-graph of the reference's ([`expr`], [`axioms`], [`oracle`]), generate grids, maps and loops

@@ -1,4 +1,4 @@
-//! The other workloads of the paper (mirage-facts section 6) at the paper's shapes, batch 1:
+//! The other workloads of the paper (docs/reference.md: workloads) at the paper's shapes, batch 1:
 //! LoRA and nTrans in one kernel; GQA, MHA and MQA in at most two kernels with no attention
 //! matrix in device memory; QKNorm with the norms inside the attention kernels. Each found
 //! µGraph also runs on the CPU interpreter against the reference.

@@ -1,5 +1,5 @@
 //! The paper's workloads as pairs: the plain program a user writes and the hand-written
-//! µGraph the reference reports for it (mirage-facts section 2). Used by the example, benches,
+//! µGraph the reference reports for it (docs/reference.md: µGraph semantics). Used by the example, benches,
 //! the verifier's acceptance tests and the search's structure tests.
 
 use crate::error::{invalid, Result};
@@ -367,7 +367,7 @@ pub fn combine(splits: usize, threads: usize, dt: DType, matmul: bool) -> Result
     Ok(g)
 }
 
-/// Every workload at the paper's shapes for batch `b` (mirage-facts section 6), in fp16.
+/// Every workload at the paper's shapes for batch `b` (docs/reference.md: workloads), in fp16.
 pub fn paper_workloads(b: usize) -> Result<Vec<Pair>> {
     let dt = DType::Float16;
     let named = |mut p: Pair, name: &str| {

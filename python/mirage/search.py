@@ -202,6 +202,23 @@ def _threads(v: Any) -> int:
     return n
 
 
+def _seconds(v: Any) -> float | None:
+    """``time_budget``: None or positive seconds (at most 1e9)."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"superoptimize: time_budget must be seconds (a number), got {v!r}")
+    try:
+        seconds = float(v)
+    except OverflowError:
+        seconds = math.inf
+    if not (math.isfinite(seconds) and 0 < seconds <= 10**9):
+        raise ValueError(
+            f"superoptimize: time_budget must be positive seconds (at most 1e9), got {short_repr(v)}"
+        )
+    return seconds
+
+
 def _save_codes(v: Any) -> bool | str:
     """``save_codes``: a bool, or a folder that is not an existing file."""
     if isinstance(v, bool):
@@ -620,23 +637,8 @@ def superoptimize(
         )
     warmup_iters = _count("warmup_iters", warmup_iters, *_ARG_RANGES["warmup_iters"])
     profile_iters = _count("profile_iters", profile_iters, *_ARG_RANGES["profile_iters"])
-    if time_budget is not None:
-        if isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)):
-            raise TypeError(
-                f"superoptimize: time_budget must be seconds (a number), got {time_budget!r}"
-            )
-        try:
-            seconds = float(time_budget)
-        except OverflowError:
-            seconds = math.inf
-        if not (math.isfinite(seconds) and 0 < seconds <= 10**9):
-            raise ValueError(
-                f"superoptimize: time_budget must be positive seconds (at most 1e9), "
-                f"got {short_repr(time_budget)}"
-            )
-        time_budget = seconds
-    if num_threads is not None:
-        num_threads = _threads(num_threads)
+    time_budget = _seconds(time_budget)
+    num_threads = None if num_threads is None else _threads(num_threads)
     checkpoint = _path("previous_checkpoint", previous_checkpoint)
     folder = _path("cache_dir", cache_dir)
     # The config's settings (a preset's loop ranges among them) are defaults: the explicit

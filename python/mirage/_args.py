@@ -6,32 +6,90 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["as_dim3", "as_dims", "as_int", "as_map3"]
+from . import _core
+
+__all__ = [
+    "MAX_EXTENT",
+    "MAX_NUMEL",
+    "as_dim3",
+    "as_dims",
+    "as_float",
+    "as_int",
+    "as_map3",
+    "short_repr",
+]
+
+
+#: Largest dim, grid extent and loop range; largest element count of a tensor (the core's
+#: limits, `mirage._core.MAX_EXTENT` and `MAX_NUMEL`).
+MAX_EXTENT: int = _core.MAX_EXTENT
+MAX_NUMEL: int = _core.MAX_NUMEL
+#: Most entries of a dims or map argument looked at before it is refused as too long.
+_MAX_ENTRIES = 64
+#: Most characters of a user value quoted in an error message.
+_MAX_ECHO = 200
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)``, cut to a few hundred characters for error messages."""
+    try:
+        r = repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+        r = f"<{type(value).__name__} object>"
+    return (
+        r if len(r) <= _MAX_ECHO else f"{r[:_MAX_ECHO]}... ({len(r) - _MAX_ECHO} more characters)"
+    )
 
 
 def as_int(op: str, name: str, value: Any) -> int:
-    """An integer argument; ``TypeError`` for anything that is not an integer."""
+    """An integer argument (within int64); ``TypeError`` for anything that is not an integer."""
     if isinstance(value, bool):
-        raise TypeError(f"{op}: {name} must be an integer, got {value!r}")
+        raise TypeError(f"{op}: {name} must be an integer, got {short_repr(value)}")
     try:
-        return operator.index(value)
+        v = operator.index(value)
     except TypeError:
-        raise TypeError(f"{op}: {name} must be an integer, got {value!r}") from None
+        raise TypeError(f"{op}: {name} must be an integer, got {short_repr(value)}") from None
+    if not -(2**63) <= v < 2**63:
+        raise ValueError(f"{op}: {name} {short_repr(v)} is out of range (a 64-bit integer)")
+    return v
+
+
+def as_float(op: str, name: str, value: Any) -> float:
+    """A real-number argument; ``TypeError`` for anything else, ``ValueError`` when it does
+    not fit a float."""
+    if isinstance(value, (bool, str, bytes)):
+        raise TypeError(f"{op}: {name} must be a number, got {short_repr(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{op}: {name} {short_repr(value)} is out of the float range") from None
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: {name} must be a number, got {short_repr(value)}") from None
 
 
 def _as_seq(op: str, name: str, value: Any) -> Sequence[Any]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{op}: {name} must be a tuple of integers, got {value!r}")
-    return list(value)
+        raise TypeError(f"{op}: {name} must be a tuple of integers, got {short_repr(value)}")
+    out = []
+    for v in value:
+        out.append(v)
+        if len(out) > _MAX_ENTRIES:
+            raise ValueError(f"{op}: {name} has more than {_MAX_ENTRIES} entries")
+    return out
 
 
-def as_dims(op: str, name: str, value: Any, allow_int: bool = False) -> tuple[int, ...]:
-    """A tuple of non-negative integers (dims or strides); the core checks ranks and zeros."""
+def as_dims(
+    op: str, name: str, value: Any, allow_int: bool = False, most: int = MAX_EXTENT
+) -> tuple[int, ...]:
+    """A tuple of non-negative integers of at most ``most`` each (dims, or strides with
+    ``most=MAX_NUMEL``); the core checks ranks, zeros and element counts."""
     if allow_int and not hasattr(value, "__iter__"):
         value = (value,)
-    out = tuple(as_int(op, name, v) for v in _as_seq(op, name, value))
+    out = tuple(as_int(op, f"{name}[{i}]", v) for i, v in enumerate(_as_seq(op, name, value)))
     if any(v < 0 for v in out):
         raise ValueError(f"{op}: {name} {out} has a negative entry")
+    if any(v > most for v in out):
+        raise ValueError(f"{op}: {name} {out} has an entry over the largest supported {most}")
     return out
 
 
@@ -53,5 +111,9 @@ def as_dim3(op: str, name: str, value: Any) -> tuple[int, int, int]:
         raise ValueError(f"{op}: {name} {tuple(vals)} must have 1 to 3 entries (x, y, z)")
     if any(v < 1 for v in vals):
         raise ValueError(f"{op}: {name} {tuple(vals)} must be positive")
+    if any(v > MAX_EXTENT for v in vals):
+        raise ValueError(
+            f"{op}: {name} {tuple(vals)} has an entry over the largest supported {MAX_EXTENT}"
+        )
     vals += [1] * (3 - len(vals))
     return (vals[0], vals[1], vals[2])

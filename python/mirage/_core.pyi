@@ -4,6 +4,14 @@ from collections.abc import Callable
 from typing import Any
 
 __version__: str
+#: Largest dim, grid extent per axis, block count, loop range and reduction_dimx (2^31).
+MAX_EXTENT: int
+#: Largest element count of one tensor of a graph (2^48).
+MAX_NUMEL: int
+#: Largest element count of one tensor the CPU interpreter materializes (2^31).
+MAX_RUN_NUMEL: int
+#: Most thread blocks of one customized op the CPU interpreter runs (2^20).
+MAX_RUN_BLOCKS: int
 
 class KernelGraph:
     def __init__(self) -> None: ...

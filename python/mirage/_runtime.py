@@ -10,7 +10,7 @@ tensors (when any input was a torch tensor) or numpy arrays, in each output's dt
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from ._dtypes import DType, bfloat16, float16, float32
 
-__all__ = ["InputSpec", "build_outputs", "prepare_inputs"]
+__all__ = ["InputSpec", "as_input_list", "build_outputs", "prepare_inputs"]
 
 _NUMPY_DTYPES = {np.dtype(np.float16): float16, np.dtype(np.float32): float32}
 
@@ -104,20 +104,28 @@ def _to_f32_bytes(x: Any, is_torch: bool) -> bytes:
     return np.ascontiguousarray(x, dtype="<f4").tobytes()
 
 
+def as_input_list(inputs: Any) -> list[Any]:
+    """The ``inputs`` of a graph call as a list, read once (a generator is consumed here and
+    only here); ``TypeError`` for a single tensor or a non-iterable."""
+    if inputs is None:
+        return []
+    if isinstance(inputs, np.ndarray) or is_torch_tensor(inputs):
+        raise TypeError("inputs must be a list of tensors, got a single tensor (wrap it in a list)")
+    if isinstance(inputs, (str, bytes, Mapping)):
+        raise TypeError(f"inputs must be a list of tensors, got {type(inputs).__name__}")
+    try:
+        return list(inputs)
+    except TypeError:
+        raise TypeError(f"inputs must be a list of tensors, got {type(inputs).__name__}") from None
+
+
 def prepare_inputs(specs: Sequence[InputSpec], inputs: Any) -> tuple[list[bytes], bool]:
     """Checks ``inputs`` against ``specs`` and encodes them.
 
     Returns the float32 little-endian bytes of each input and whether any input was a torch
     tensor (outputs are then torch tensors too).
     """
-    if inputs is None:
-        inputs = []
-    if isinstance(inputs, np.ndarray) or is_torch_tensor(inputs):
-        raise TypeError("inputs must be a list of tensors, got a single tensor (wrap it in a list)")
-    try:
-        items = list(inputs)
-    except TypeError:
-        raise TypeError(f"inputs must be a list of tensors, got {type(inputs).__name__}") from None
+    items = as_input_list(inputs)
     if len(items) != len(specs):
         raise ValueError(f"the graph has {len(specs)} inputs but {len(items)} were given")
     kinds = [_check_one(i, spec, x) for i, (spec, x) in enumerate(zip(specs, items))]

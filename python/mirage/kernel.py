@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 from . import _core, _cuda
-from ._args import as_dims, as_int
+from ._args import MAX_NUMEL, as_dims, as_float, as_int
 from ._dtypes import DType, as_dtype, float16
-from ._runtime import InputSpec, build_outputs, prepare_inputs
+from ._runtime import InputSpec, as_input_list, build_outputs, prepare_inputs
 from .tensor import DTensor
 from .threadblock import TBGraph
 
@@ -87,7 +87,7 @@ class KNGraph:
                 f"{op}: strides must be a tuple of integers, got {strides!r}; "
                 f"pass the dtype by keyword: new_input({d}, dtype={strides!r})"
             )
-        s = None if strides is None else as_dims(op, "strides", strides)
+        s = None if strides is None else as_dims(op, "strides", strides, most=MAX_NUMEL)
         dt = as_dtype(dtype, op)
         tid = self._core.new_input(list(d), dt.name, None if s is None else list(s))
         if s is not None:
@@ -125,7 +125,8 @@ class KNGraph:
 
     def clamp(self, A: DTensor, min_val: float, max_val: float) -> DTensor:
         """Element-wise ``min(max(A, min_val), max_val)``."""
-        return self._unary("clamp", A, min=float(min_val), max=float(max_val))
+        lo, hi = as_float("clamp", "min_val", min_val), as_float("clamp", "max_val", max_val)
+        return self._unary("clamp", A, min=lo, max=hi)
 
     def add(self, A: DTensor, B: DTensor) -> DTensor:
         """``A + B`` (a dim broadcasts when it is 1)."""
@@ -203,7 +204,7 @@ class KNGraph:
     def mark_output(self, A: DTensor, strides: Sequence[int] | None = None) -> None:
         """Marks ``A`` as a graph output; ``strides`` (in elements) default to row-major."""
         op = "mark_output"
-        s = None if strides is None else list(as_dims(op, "strides", strides))
+        s = None if strides is None else list(as_dims(op, "strides", strides, most=MAX_NUMEL))
         self._core.mark_output(self._tid(op, A), s)
 
     # ---------------------------------------------------------------- queries
@@ -285,10 +286,12 @@ class KNGraph:
 
         ``inputs``: one torch CPU tensor or numpy array per graph input, in order, checked on
         every call. Returns the outputs as torch tensors when any input was a torch tensor,
-        else as numpy arrays, each in its tensor's dtype and declared layout.
+        else as numpy arrays, each in its tensor's dtype and declared layout. Ctrl-C stops a
+        long run and raises ``KeyboardInterrupt``.
         """
+        inputs = as_input_list(inputs)
         if _cuda.wants_cuda(inputs):
-            return _cuda.run(self, list(inputs or []))
+            return _cuda.run(self, inputs)
         data, as_torch = prepare_inputs(self._input_specs(), inputs)
         core = self._core
         raw = core.run(data)
@@ -308,8 +311,9 @@ class KNGraph:
         run on ``stream`` (default: torch's current stream; ``save_codes=True`` or a folder
         writes the generated source); on the CPU ``stream`` and other keyword arguments (e.g.
         ``outputs=``) are accepted and ignored."""
+        inputs = as_input_list(inputs)
         if _cuda.wants_cuda(inputs):
-            return _cuda.run(self, list(inputs or []), stream, ignored.get("save_codes"))
+            return _cuda.run(self, inputs, stream, ignored.get("save_codes"))
         return self.run(inputs)
 
     def cuda_source(self, arch: int | None = None) -> str:

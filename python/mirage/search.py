@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import operator
 import os
 import statistics
 import sys
@@ -33,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
 from . import _core, _cuda
-from ._args import as_dim3, as_int, as_map3
+from ._args import MAX_EXTENT, as_dim3, as_int, as_map3, short_repr
 from .kernel import KNGraph
 
 __all__ = [
@@ -80,6 +81,23 @@ CONFIG_KEYS: dict[str, type] = {
     "verify_spread": bool,
     "verify_co_resident": bool,
 }
+
+#: Allowed range of each integer ``config`` key (the search's defaults sit well inside).
+CONFIG_RANGES: dict[str, tuple[int, int]] = {
+    "max_block_ops": (2, 64),
+    "max_kernel_ops": (1, 16),
+    "max_customized_ops": (1, 16),
+    "shared_memory_limit": (0, 2**32),
+    "verify_top_n": (1, 4096),
+}
+#: Allowed ranges of the integer keyword arguments.
+_ARG_RANGES: dict[str, tuple[int, int]] = {
+    "warmup_iters": (0, 10**6),
+    "profile_iters": (1, 10**7),
+    "num_threads": (1, 2**20),
+}
+#: ``num_threads`` above this multiple of the cores is lowered to it (with a warning).
+_THREADS_PER_CORE = 4
 
 _BACKENDS = ("cuda", "cpu")
 #: Candidates verified as stable when a GPU profiles them (in the search's check order).
@@ -144,8 +162,10 @@ def _fmap(name: str, v: Any) -> int:
 
 def _frange(name: str, v: Any) -> int:
     x = as_int(_OP, name, v)
-    if x < 1:
-        raise ValueError(f"superoptimize: {name} entry {x} must be a positive loop range")
+    if not 1 <= x <= MAX_EXTENT:
+        raise ValueError(
+            f"superoptimize: {name} entry {x} must be a positive loop range of at most {MAX_EXTENT}"
+        )
     return x
 
 
@@ -155,11 +175,60 @@ def _bool(name: str, v: Any) -> bool:
     return v
 
 
-def _count(name: str, v: Any, least: int) -> int:
-    x = as_int(_OP, name, v)
-    if x < least:
-        raise ValueError(f"superoptimize: {name} must be at least {least}, got {x}")
+def _count(name: str, v: Any, least: int, most: int) -> int:
+    """An integer argument in ``[least, most]``; the message names it, its value and the range."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        as_int(_OP, name, v)  # raises the TypeError
+    x = operator.index(v)
+    if not least <= x <= most:
+        raise ValueError(
+            f"superoptimize: {name} is {short_repr(x)}; the allowed range is {least} to {most}"
+        )
     return x
+
+
+def _threads(v: Any) -> int:
+    """``num_threads``, lowered to `_THREADS_PER_CORE` times the cores with a warning."""
+    n = _count("num_threads", v, *_ARG_RANGES["num_threads"])
+    cap = _THREADS_PER_CORE * (os.cpu_count() or 1)
+    if n > cap:
+        warnings.warn(
+            f"superoptimize: num_threads={n} is more than {_THREADS_PER_CORE}x the "
+            f"{os.cpu_count()} cores; using {cap} threads",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        n = cap
+    return n
+
+
+def _seconds(v: Any) -> float | None:
+    """``time_budget``: None or positive seconds (at most 1e9)."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"superoptimize: time_budget must be seconds (a number), got {v!r}")
+    try:
+        seconds = float(v)
+    except OverflowError:
+        seconds = math.inf
+    if not (math.isfinite(seconds) and 0 < seconds <= 10**9):
+        raise ValueError(
+            f"superoptimize: time_budget must be positive seconds (at most 1e9), got {short_repr(v)}"
+        )
+    return seconds
+
+
+def _save_codes(v: Any) -> bool | str:
+    """``save_codes``: a bool, or a folder that is not an existing file."""
+    if isinstance(v, bool):
+        return v
+    if not isinstance(v, (str, os.PathLike)):
+        raise TypeError(f"superoptimize: save_codes must be a bool or a folder, got {v!r}")
+    folder = os.fspath(v)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"superoptimize: save_codes {folder!r} is an existing file, not a folder")
+    return folder
 
 
 def _path(name: str, v: Any) -> str | None:
@@ -194,7 +263,7 @@ def _resolve_config(config: Any) -> dict[str, Any]:
         if CONFIG_KEYS[key] is bool:
             out[key] = _bool(f"config[{key!r}]", value)
         else:
-            out[key] = _count(f"config[{key!r}]", value, 0 if key == "shared_memory_limit" else 1)
+            out[key] = _count(f"config[{key!r}]", value, *CONFIG_RANGES[key])
     return out
 
 
@@ -559,26 +628,17 @@ def superoptimize(
     _bool("use_graph_dataset", use_graph_dataset)
     use_cached_graphs = _bool("use_cached_graphs", use_cached_graphs)
     _bool("is_formal_verified", is_formal_verified)
-    if not isinstance(save_codes, (bool, str, os.PathLike)):
-        raise TypeError(f"superoptimize: save_codes must be a bool or a folder, got {save_codes!r}")
+    save_codes = _save_codes(save_codes)
     if not isinstance(backend, str):
         raise TypeError(f"superoptimize: backend must be a str, got {backend!r}")
     if backend not in _BACKENDS:
         raise ValueError(
             f"superoptimize: backend {backend!r} is not supported; expected one of {_BACKENDS}"
         )
-    warmup_iters = _count("warmup_iters", warmup_iters, 0)
-    profile_iters = _count("profile_iters", profile_iters, 1)
-    if time_budget is not None:
-        if isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)):
-            raise TypeError(
-                f"superoptimize: time_budget must be seconds (a number), got {time_budget!r}"
-            )
-        if not (math.isfinite(time_budget) and time_budget > 0):
-            raise ValueError(f"superoptimize: time_budget must be positive, got {time_budget!r}")
-        time_budget = float(time_budget)
-    if num_threads is not None:
-        num_threads = _count("num_threads", num_threads, 1)
+    warmup_iters = _count("warmup_iters", warmup_iters, *_ARG_RANGES["warmup_iters"])
+    profile_iters = _count("profile_iters", profile_iters, *_ARG_RANGES["profile_iters"])
+    time_budget = _seconds(time_budget)
+    num_threads = None if num_threads is None else _threads(num_threads)
     checkpoint = _path("previous_checkpoint", previous_checkpoint)
     folder = _path("cache_dir", cache_dir)
     # The config's settings (a preset's loop ranges among them) are defaults: the explicit

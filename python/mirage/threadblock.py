@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
-from ._args import as_dim3, as_int, as_map3
+from ._args import MAX_EXTENT, as_dim3, as_float, as_int, as_map3
 from .tensor import DTensor, STensor
 
 __all__ = ["TBGraph"]
@@ -107,7 +107,9 @@ class TBGraph:
 
     def clamp(self, A: STensor, min_val: float, max_val: float) -> STensor:
         """Element-wise ``min(max(A, min_val), max_val)``."""
-        return self._unary("clamp", A, min=float(min_val), max=float(max_val))
+        lo = as_float("tb.clamp", "min_val", min_val)
+        hi = as_float("tb.clamp", "max_val", max_val)
+        return self._unary("clamp", A, min=lo, max=hi)
 
     def square(self, A: STensor) -> STensor:
         """Element-wise ``A * A``."""
@@ -119,7 +121,7 @@ class TBGraph:
 
     def mul_scalar(self, A: STensor, scalar: float) -> STensor:
         """Element-wise ``A * scalar``."""
-        return self._unary("mul_scalar", A, scalar=float(scalar))
+        return self._unary("mul_scalar", A, scalar=as_float("tb.mul_scalar", "scalar", scalar))
 
     def add(self, A: STensor, B: STensor) -> STensor:
         """``A + B`` (a dim broadcasts when it is 1)."""
@@ -222,8 +224,8 @@ class TBGraph:
 
 def _positive(op: str, name: str, value: Any) -> int:
     v = as_int(op, name, value)
-    if v < 1:
-        raise ValueError(f"{op}: {name} must be at least 1, got {v}")
+    if not 1 <= v <= MAX_EXTENT:
+        raise ValueError(f"{op}: {name} must be 1 to {MAX_EXTENT}, got {v}")
     return v
 
 

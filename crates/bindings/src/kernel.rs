@@ -7,6 +7,7 @@ use pyo3::types::PyBytes;
 
 use crate::block::BlockGraph;
 use crate::convert::{parse_binary, parse_dtype, parse_unary, OrPyErr};
+use crate::interrupt::interruptible;
 
 /// A kernel graph; tensors are referred to by integer ids.
 #[pyclass(module = "mirage._core")]
@@ -145,7 +146,7 @@ impl KernelGraph {
 
     /// Runs the CPU interpreter. `inputs`: one `bytes` per graph input, float32 little-endian,
     /// row-major. Returns one `bytes` per output, same encoding. The GIL is released while
-    /// the interpreter runs.
+    /// the interpreter runs; Ctrl-C stops it and raises `KeyboardInterrupt`.
     fn run<'py>(&self, py: Python<'py>, inputs: Vec<Bound<'py, PyBytes>>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let ids = self.inner.input_ids();
         if ids.len() != inputs.len() {
@@ -170,7 +171,7 @@ impl KernelGraph {
             tensors.push(Tensor::new(dims, data).py_err()?);
         }
         let graph = &self.inner;
-        let outs = py.detach(|| mirage::run(graph, &tensors)).py_err()?;
+        let outs = interruptible(py, "run", |c| mirage::run_with(graph, &tensors, c))?.py_err()?;
         outs.iter()
             .map(|t| {
                 PyBytes::new_with(py, t.data.len() * 4, |buf| {

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 mod block;
 mod convert;
 mod cuda;
+mod interrupt;
 mod kernel;
 mod search;
 mod verify;
@@ -23,5 +24,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     verify::register(m)?;
     search::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("MAX_EXTENT", mirage::limits::MAX_EXTENT)?;
+    m.add("MAX_NUMEL", mirage::limits::MAX_NUMEL)?;
+    m.add("MAX_RUN_NUMEL", mirage::limits::MAX_RUN_NUMEL)?;
+    m.add("MAX_RUN_BLOCKS", mirage::limits::MAX_RUN_BLOCKS)?;
     Ok(())
 }

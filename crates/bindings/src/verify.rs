@@ -5,9 +5,11 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::interrupt::interruptible;
 use crate::kernel::KernelGraph;
 
 /// Checks whether `candidate` computes what `reference` computes; returns the verdict as a dict.
+/// Ctrl-C stops the check and raises `KeyboardInterrupt`.
 #[pyfunction]
 #[pyo3(signature = (reference, candidate, seed=None, trials=None, float_check=true, allow_non_lax=false))]
 fn verify<'py>(
@@ -24,8 +26,11 @@ fn verify<'py>(
         opts.seed = s;
     }
     let (r, c) = (&reference.inner, &candidate.inner);
-    let verdict =
-        py.detach(|| equivalent(r, c, &opts)).map_err(|e: VerifyError| PyValueError::new_err(e.to_string()))?;
+    let verdict = interruptible(py, "verify", |cancel| {
+        let opts = Options { cancel: cancel.clone(), ..opts };
+        equivalent(r, c, &opts)
+    })?
+    .map_err(|e: VerifyError| PyValueError::new_err(e.to_string()))?;
     let d = PyDict::new(py);
     match verdict {
         Verdict::Equivalent { trials, samples, tiles, false_accept_bound, lax, assignment, numerics } => {

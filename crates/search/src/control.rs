@@ -45,8 +45,8 @@ pub(crate) struct Control {
 }
 
 impl Control {
-    pub fn new(cfg: &SearchConfig) -> Self {
-        let start = Instant::now();
+    /// The controls of a search that started at `start` (the time budget counts from there).
+    pub fn new(cfg: &SearchConfig, start: Instant) -> Self {
         Control {
             start,
             deadline: cfg.time_budget.map(|b| start + b),

@@ -165,6 +165,8 @@ struct Ctx<'a> {
 /// assert_eq!(best.customized_kernels, 1);
 /// ```
 pub fn superoptimize(reference: &KernelGraph, cfg: &SearchConfig) -> Result<SearchResult> {
+    // The time budget covers building the thread pool.
+    let start = std::time::Instant::now();
     check_config(cfg)?;
     match cfg.num_threads {
         Some(n) => {
@@ -172,11 +174,14 @@ pub fn superoptimize(reference: &KernelGraph, cfg: &SearchConfig) -> Result<Sear
                 .num_threads(n)
                 .build()
                 .map_err(|e| SearchError::ThreadPool { threads: n, why: e.to_string() })?;
-            pool.install(|| run(reference, cfg))
+            pool.install(|| run(reference, cfg, start))
         }
-        None => run(reference, cfg),
+        None => run(reference, cfg, start),
     }
 }
+
+/// Most search threads a configuration may ask for.
+pub const MAX_THREADS: usize = 4096;
 
 fn check_config(cfg: &SearchConfig) -> Result<()> {
     let bad = |name: &'static str, why: &str| Err(SearchError::InvalidConfig { name, why: why.to_string() });
@@ -198,10 +203,13 @@ fn check_config(cfg: &SearchConfig) -> Result<()> {
     if cfg.num_threads == Some(0) {
         return bad("num_threads", "must be at least 1");
     }
+    if cfg.num_threads.is_some_and(|n| n > MAX_THREADS) {
+        return bad("num_threads", &format!("must be at most {MAX_THREADS}"));
+    }
     Ok(())
 }
 
-fn run(reference: &KernelGraph, cfg: &SearchConfig) -> Result<SearchResult> {
+fn run(reference: &KernelGraph, cfg: &SearchConfig, start: std::time::Instant) -> Result<SearchResult> {
     if reference.ops.is_empty() {
         return Err(SearchError::EmptyGraph);
     }
@@ -211,7 +219,7 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig) -> Result<SearchResult> {
     }
     let labels = analyze(reference)?;
     let oracle = ExprOracle::with_labels(reference, &labels, &cfg.sum_factors(), &cfg.saturation)?;
-    let ctl = Control::new(cfg);
+    let ctl = Control::new(cfg, start);
     let env =
         Env { oracle: &oracle, labels: &labels, cfg, ctl: &ctl, franges: cfg.franges(), blockdims: cfg.blockdims() };
     let in_ids = reference.input_ids();
@@ -836,7 +844,12 @@ fn verify_all(
     let (mut stable, mut unstable, mut failed, mut rewrites, mut next) = (0, 0, 0, 0, 0);
     let mut seen: HashSet<String> = HashSet::new();
     let checker = Checker::new(reference, &cfg.verify);
-    while stable < want && stable + unstable < 2 * want && next < order.len() && next < 4 * want.max(1) {
+    // Saturating: `top_n` may be any usize (e.g. "check everything").
+    while stable < want
+        && stable + unstable < want.saturating_mul(2)
+        && next < order.len()
+        && next < want.max(1).saturating_mul(4)
+    {
         if ctl.cancelled() || (stable + unstable > 0 && ctl.past_grace()) {
             break;
         }
@@ -844,7 +857,7 @@ fn verify_all(
         // only until one passes.
         let cut = ctl.reason() == Some(StopReason::TimeBudget);
         let batch = if cut { rayon::current_num_threads().min(want - stable) } else { want - stable };
-        let end = (next + batch).min(order.len());
+        let end = next.saturating_add(batch).min(order.len());
         let idx = &order[next..end];
         let checked: Vec<_> = idx.par_iter().map(|&i| check_candidate(&checker, cfg, &cands[i])).collect();
         for (&i, (v, rewrite)) in idx.iter().zip(checked) {

@@ -115,3 +115,22 @@ fn progress_is_reported() {
     superoptimize(&small_rmsnorm().reference, &cfg).expect("search runs");
     assert!(calls.load(Ordering::Relaxed) >= 2);
 }
+
+#[test]
+fn a_huge_verify_top_n_still_verifies_candidates() {
+    // `top_n` near usize::MAX must not overflow the check loop's bounds (which would check
+    // nothing and report that no candidate passed).
+    let mut cfg = SearchConfig { max_kernel_ops: 1, ..SearchConfig::default() };
+    cfg.verify.top_n = 1 << 62;
+    let r = superoptimize(&small_rmsnorm().reference, &cfg).expect("search runs");
+    assert!(r.best().is_some(), "no verified candidate: {:?}", r.empty_reason);
+}
+
+#[test]
+fn too_many_threads_is_a_config_error() {
+    let cfg = SearchConfig { num_threads: Some(mirage_search::search::MAX_THREADS + 1), ..SearchConfig::default() };
+    assert!(matches!(
+        superoptimize(&small_rmsnorm().reference, &cfg),
+        Err(SearchError::InvalidConfig { name: "num_threads", .. })
+    ));
+}

@@ -17,6 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, shape_err, Result};
+use crate::limits::{check_size, checked_size_mul, MAX_EXTENT};
 use crate::ops::{broadcast_dims, concat_dims, matmul_dims, reduce_dims, Accum, BinaryOp, UnaryOp};
 use crate::types::{check_dims, numel, resolve_dim, same_dtype, DType};
 
@@ -244,15 +245,24 @@ impl BlockGraph {
         if grid_dim.contains(&0) {
             return invalid(op, format!("grid_dim {grid_dim:?} has a zero entry"));
         }
-        let threads: usize = block_dim.iter().product();
+        match grid_dim.iter().try_fold(1usize, |n, &g| n.checked_mul(g)) {
+            Some(n) if n <= MAX_EXTENT => {}
+            _ => {
+                return invalid(
+                    op,
+                    format!("grid_dim {grid_dim:?} has more than {MAX_EXTENT} (2^31) blocks, the most supported"),
+                )
+            }
+        }
+        let threads = block_dim.iter().try_fold(1usize, |n, &b| n.checked_mul(b)).unwrap_or(usize::MAX);
         if threads == 0 || threads > 1024 {
-            return invalid(op, format!("block_dim {block_dim:?} has {threads} threads; 1 to 1024 are allowed"));
+            let n = if threads == usize::MAX { "too many".to_string() } else { threads.to_string() };
+            return invalid(op, format!("block_dim {block_dim:?} has {n} threads; 1 to 1024 are allowed"));
         }
-        if forloop_range == 0 {
-            return invalid(op, "forloop_range must be at least 1");
-        }
-        if reduction_dimx == 0 {
-            return invalid(op, "reduction_dimx must be at least 1");
+        for (name, v) in [("forloop_range", forloop_range), ("reduction_dimx", reduction_dimx)] {
+            if v == 0 || v > MAX_EXTENT {
+                return invalid(op, format!("{name} is {v}; 1 to {MAX_EXTENT} (2^31) are supported"));
+            }
         }
         Ok(BlockGraph {
             grid_dim,
@@ -320,7 +330,7 @@ impl BlockGraph {
             return 1;
         }
         let mut s = MAX_PIPELINE_STAGES.min(self.forloop_range).max(1);
-        while s > 1 && other + s * staged > self.pipeline_budget() {
+        while s > 1 && other.saturating_add(s.saturating_mul(staged)) > self.pipeline_budget() {
             s -= 1;
         }
         s
@@ -370,11 +380,16 @@ impl BlockGraph {
         self.ops.iter().filter(|o| matches!(o.kind, BlockOpKind::Output { .. }))
     }
 
-    fn push(&mut self, kind: BlockOpKind, inputs: Vec<STensorId>, outs: Vec<STensor>) -> Vec<STensorId> {
+    /// Appends an op; every result tile must fit the size limits ([`crate::limits`]).
+    fn push(&mut self, kind: BlockOpKind, inputs: Vec<STensorId>, outs: Vec<STensor>) -> Result<Vec<STensorId>> {
+        for (i, t) in outs.iter().enumerate() {
+            let what = if outs.len() == 1 { "the result tile".to_string() } else { format!("result tile {i}") };
+            check_size(kind.name(), &what, &t.dims)?;
+        }
         let ids: Vec<STensorId> = (self.tensors.len()..self.tensors.len() + outs.len()).collect();
         self.tensors.extend(outs);
         self.ops.push(BlockOp { kind, inputs, outputs: ids.clone() });
-        ids
+        Ok(ids)
     }
 
     /// Tile dims of a device tensor of `dims` under `imap`/`forloop_dim`, with full checks.
@@ -431,7 +446,7 @@ impl BlockGraph {
         let tile = self.input_tile_dims(dims, imap, forloop_dim)?;
         let phase = if forloop_dim == -1 { Phase::Invariant } else { Phase::Loop };
         let kind = BlockOpKind::Input { dims: dims.to_vec(), dtype, imap, forloop_dim };
-        Ok(self.push(kind, vec![], vec![STensor { dims: tile, dtype, phase }])[0])
+        Ok(self.push(kind, vec![], vec![STensor { dims: tile, dtype, phase }])?[0])
     }
 
     /// Dims of the device tensor an output saver with these maps writes for a tile of `tile`.
@@ -464,7 +479,8 @@ impl BlockGraph {
                 return shape_err(op, format!("output_map {omap:?}: dim {d} is mapped by two grid axes"));
             }
             used[d] = true;
-            out[d] *= g;
+            out[d] =
+                checked_size_mul(op, &format!("output dim {d} over grid axis {}", AXES[a]), out[d], g, MAX_EXTENT)?;
         }
         if forloop_dim == -1 {
             if phase == Phase::Loop {
@@ -478,8 +494,15 @@ impl BlockGraph {
                 return invalid(op, "forloop_dim >= 0 saves every iteration, but the tensor is computed after the for-loop; use forloop_dim=-1");
             }
             let fd = resolve_loop_dim(op, forloop_dim, tile.len())?;
-            out[fd] *= self.forloop_range;
+            out[fd] = checked_size_mul(
+                op,
+                &format!("output dim {fd} over the for-loop"),
+                out[fd],
+                self.forloop_range,
+                MAX_EXTENT,
+            )?;
         }
+        check_size(op, "the output", &out)?;
         Ok(out)
     }
 
@@ -488,7 +511,7 @@ impl BlockGraph {
         let st = self.tensor(t)?.clone();
         self.output_dims_for(&st.dims, st.phase, omap, forloop_dim)?;
         let pos = self.output_ops().count();
-        self.push(BlockOpKind::Output { omap, forloop_dim }, vec![t], vec![]);
+        self.push(BlockOpKind::Output { omap, forloop_dim }, vec![t], vec![])?;
         Ok(pos)
     }
 
@@ -524,14 +547,14 @@ impl BlockGraph {
         let dims = matmul_dims(op, &ta.dims, &tb.dims)?;
         let dtype = same_dtype(op, ta.dtype, tb.dtype)?;
         let phase = self.phase2(op, &ta, &tb)?;
-        Ok(self.push(BlockOpKind::Matmul, vec![a, b], vec![STensor { dims, dtype, phase }])[0])
+        Ok(self.push(BlockOpKind::Matmul, vec![a, b], vec![STensor { dims, dtype, phase }])?[0])
     }
 
     /// Element-wise unary op.
     pub fn unary(&mut self, u: UnaryOp, a: STensorId) -> Result<STensorId> {
         u.validate()?;
         let t = self.tensor(a)?.clone();
-        Ok(self.push(BlockOpKind::Unary { op: u }, vec![a], vec![t])[0])
+        Ok(self.push(BlockOpKind::Unary { op: u }, vec![a], vec![t])?[0])
     }
 
     /// Element-wise binary op with broadcasting.
@@ -541,7 +564,7 @@ impl BlockGraph {
         let dims = broadcast_dims(op, &ta.dims, &tb.dims)?;
         let dtype = same_dtype(op, ta.dtype, tb.dtype)?;
         let phase = self.phase2(op, &ta, &tb)?;
-        Ok(self.push(BlockOpKind::Binary { op: bop }, vec![a, b], vec![STensor { dims, dtype, phase }])[0])
+        Ok(self.push(BlockOpKind::Binary { op: bop }, vec![a, b], vec![STensor { dims, dtype, phase }])?[0])
     }
 
     /// Sum over `dim` (negative counts from the end), kept with size 1.
@@ -549,7 +572,7 @@ impl BlockGraph {
         let t = self.tensor(a)?.clone();
         let d = resolve_dim("tb.reduction", "the input", dim, t.dims.len())?;
         let out = STensor { dims: reduce_dims(&t.dims, d), ..t };
-        Ok(self.push(BlockOpKind::Reduction { dim: d }, vec![a], vec![out])[0])
+        Ok(self.push(BlockOpKind::Reduction { dim: d }, vec![a], vec![out])?[0])
     }
 
     /// Running max over `dim` and over iterations, and its change: returns `(max, diff)`.
@@ -558,14 +581,14 @@ impl BlockGraph {
         let d = resolve_dim("tb.reduction_max", "the input", dim, t.dims.len())?;
         let phase = if t.phase == Phase::Post { Phase::Post } else { Phase::Loop };
         let out = STensor { dims: reduce_dims(&t.dims, d), dtype: t.dtype, phase };
-        let ids = self.push(BlockOpKind::ReductionMax { dim: d }, vec![a], vec![out.clone(), out]);
+        let ids = self.push(BlockOpKind::ReductionMax { dim: d }, vec![a], vec![out.clone(), out])?;
         Ok((ids[0], ids[1]))
     }
 
     /// RMS normalisation over the last dim.
     pub fn rms_norm(&mut self, a: STensorId) -> Result<STensorId> {
         let t = self.tensor(a)?.clone();
-        Ok(self.push(BlockOpKind::RmsNorm, vec![a], vec![t])[0])
+        Ok(self.push(BlockOpKind::RmsNorm, vec![a], vec![t])?[0])
     }
 
     /// Concatenation along `dim`.
@@ -576,7 +599,7 @@ impl BlockGraph {
         let dims = concat_dims(op, &ta.dims, &tb.dims, d)?;
         let dtype = same_dtype(op, ta.dtype, tb.dtype)?;
         let phase = self.phase2(op, &ta, &tb)?;
-        Ok(self.push(BlockOpKind::Concat { dim: d }, vec![a, b], vec![STensor { dims, dtype, phase }])[0])
+        Ok(self.push(BlockOpKind::Concat { dim: d }, vec![a, b], vec![STensor { dims, dtype, phase }])?[0])
     }
 
     fn accum_input(&self, op: &str, a: STensorId) -> Result<STensor> {
@@ -592,7 +615,7 @@ impl BlockGraph {
         let t = self.accum_input("tb.forloop_accum", a)?;
         let dims = acc.out_dims(&t.dims, self.reduction_dimx)?;
         let out = STensor { dims, dtype: t.dtype, phase: Phase::Post };
-        Ok(self.push(BlockOpKind::ForloopAccum { acc }, vec![a], vec![out])[0])
+        Ok(self.push(BlockOpKind::ForloopAccum { acc }, vec![a], vec![out])?[0])
     }
 
     /// Rescaling accumulator `acc = acc * scale + x`; `acc` is `None` or `Sum`.
@@ -609,14 +632,14 @@ impl BlockGraph {
             return shape_err(op, format!("scale dims {:?} do not broadcast to the accumulator dims {dims:?}", s.dims));
         }
         let out = STensor { dims, dtype: t.dtype, phase: Phase::Post };
-        Ok(self.push(BlockOpKind::ForloopAccumRescale { acc }, vec![a, scale], vec![out])[0])
+        Ok(self.push(BlockOpKind::ForloopAccumRescale { acc }, vec![a, scale], vec![out])?[0])
     }
 
     /// Element-wise max over iterations.
     pub fn forloop_accum_max(&mut self, a: STensorId) -> Result<STensorId> {
         let t = self.accum_input("tb.forloop_accum_max", a)?;
         let out = STensor { phase: Phase::Post, ..t };
-        Ok(self.push(BlockOpKind::ForloopAccumMax, vec![a], vec![out])[0])
+        Ok(self.push(BlockOpKind::ForloopAccumMax, vec![a], vec![out])?[0])
     }
 
     /// The thread-block-cluster form of a loop whose grid leaves SMs idle: `(axis, cs, graph)`,
@@ -713,7 +736,8 @@ impl BlockGraph {
     /// concatenates along the loop dim within a tile would change its meaning. Errors where a
     /// loop tile's dim is not divisible by `k`.
     pub fn with_finer_loop(&self, k: usize) -> Result<BlockGraph> {
-        let mut g = BlockGraph::new(self.grid_dim, self.block_dim, self.forloop_range * k, self.reduction_dimx)?;
+        let range = checked_size_mul("with_finer_loop", "forloop_range", self.forloop_range, k, MAX_EXTENT)?;
+        let mut g = BlockGraph::new(self.grid_dim, self.block_dim, range, self.reduction_dimx)?;
         let mut map: Vec<STensorId> = vec![0; self.tensors.len()];
         for op in &self.ops {
             let ins: Vec<STensorId> = op.inputs.iter().map(|&t| map[t]).collect();
@@ -726,7 +750,7 @@ impl BlockGraph {
 
     /// Bytes of shared memory if every tile had its own buffer (an upper bound before planning).
     pub fn shared_memory_upper_bound(&self) -> usize {
-        self.tensors.iter().map(|t| numel(&t.dims) * t.dtype.size_bytes()).sum()
+        self.tensors.iter().fold(0usize, |n, t| n.saturating_add(numel(&t.dims).saturating_mul(t.dtype.size_bytes())))
     }
 
     /// Checks the graph is complete: at least one input and one output (unused inputs are allowed).

@@ -30,6 +30,9 @@ pub enum Error {
     /// A serialized graph could not be read.
     #[error("json: {0}")]
     Json(String),
+    /// A run was stopped through its [`crate::Cancel`] handle.
+    #[error("run: cancelled")]
+    Cancelled,
     /// A serialized graph comes from a newer format version.
     #[error("json: file format version {found} is newer than the newest this build reads ({supported})")]
     Version {

@@ -5,17 +5,25 @@
 //! A backward pass maps each op's demanded output box to boxes of its operands (through kernel
 //! ops, the blocks of customized ops whose tiles meet the demand, their iterations and tile
 //! ops); the forward pass computes exactly those boxes. [`run`] demands whole outputs.
+//!
+//! Limits: every demanded box holds at most [`MAX_RUN_NUMEL`] elements and a customized op
+//! runs at most [`MAX_RUN_BLOCKS`] blocks, checked before anything is allocated. A [`Cancel`]
+//! handle ([`run_with`], [`run_region_with`]) is polled between kernel ops, row bands of a
+//! kernel op, thread blocks and loop iterations.
 
 use std::borrow::Cow;
 
 use rayon::prelude::*;
 
 use crate::block::{BlockGraph, BlockOpKind, Phase};
+use crate::cancel::Cancel;
 use crate::error::{invalid, shape_err, Result};
 use crate::kernel::{KernelGraph, KernelOpKind};
+use crate::limits::{MAX_RUN_BLOCKS, MAX_RUN_NUMEL};
 use crate::ops::{Accum, BinaryOp};
 use crate::scalar::Scalar;
 use crate::tensor::Tensor;
+use crate::types::numel;
 
 /// A half-open box `[start, end)` of a tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -227,6 +235,11 @@ pub fn random_inputs(g: &KernelGraph, seed: u64) -> Vec<Tensor<f32>> {
 /// Runs `g` on `inputs` (one per graph input, in order); returns the graph's outputs
 /// ([`KernelGraph::output_ids`]) in order.
 pub fn run<S: Scalar>(g: &KernelGraph, inputs: &[Tensor<S>]) -> Result<Vec<Tensor<S>>> {
+    run_with(g, inputs, &Cancel::default())
+}
+
+/// [`run`], stopping with [`crate::Error::Cancelled`] once `cancel` is set.
+pub fn run_with<S: Scalar>(g: &KernelGraph, inputs: &[Tensor<S>], cancel: &Cancel) -> Result<Vec<Tensor<S>>> {
     let ids = g.input_ids();
     if ids.len() != inputs.len() {
         return invalid("run", format!("the graph has {} inputs but {} were given", ids.len(), inputs.len()));
@@ -238,7 +251,7 @@ pub fn run<S: Scalar>(g: &KernelGraph, inputs: &[Tensor<S>]) -> Result<Vec<Tenso
         }
     }
     let regions: Vec<Region> = g.output_ids().iter().map(|&t| Region::full(&g.tensors[t].dims)).collect();
-    run_region(g, inputs, &regions)
+    run_region_with(g, inputs, &regions, cancel)
 }
 
 /// Evaluates only what box `regions[i]` of each output `i` ([`KernelGraph::output_ids`] order)
@@ -247,6 +260,16 @@ pub fn run_region<S: Scalar, I: Source<S> + ?Sized>(
     g: &KernelGraph,
     inputs: &I,
     regions: &[Region],
+) -> Result<Vec<Tensor<S>>> {
+    run_region_with(g, inputs, regions, &Cancel::default())
+}
+
+/// [`run_region`], stopping with [`crate::Error::Cancelled`] once `cancel` is set.
+pub fn run_region_with<S: Scalar, I: Source<S> + ?Sized>(
+    g: &KernelGraph,
+    inputs: &I,
+    regions: &[Region],
+    cancel: &Cancel,
 ) -> Result<Vec<Tensor<S>>> {
     let outs = g.output_ids();
     if regions.len() != outs.len() {
@@ -279,7 +302,9 @@ pub fn run_region<S: Scalar, I: Source<S> + ?Sized>(
         let in_need = match &op.kind {
             KernelOpKind::Input { .. } => continue,
             KernelOpKind::Customized { graph } => {
-                let (plan, in_need) = plan_blocks(graph, &out_need);
+                check_run_blocks(i, graph)?;
+                let (plan, in_need) = plan_blocks(graph, &out_need, cancel);
+                cancel.check()?;
                 plans[i] = plan;
                 in_need
             }
@@ -294,6 +319,8 @@ pub fn run_region<S: Scalar, I: Source<S> + ?Sized>(
             }
         }
     }
+
+    check_run_sizes(g, &need)?;
 
     // Forward: compute the demanded boxes.
     let mut vals: Vec<Option<Part<S>>> = vec![None; g.tensors.len()];
@@ -310,39 +337,22 @@ pub fn run_region<S: Scalar, I: Source<S> + ?Sized>(
         if op.outputs.iter().all(|&t| need[t].is_none()) {
             continue;
         }
+        cancel.check()?;
         let part = |t: usize| vals[t].as_ref().expect("operands are computed before use");
         let results: Vec<Option<Part<S>>> = match &op.kind {
             KernelOpKind::Customized { graph } => {
                 // An input no demanded output depends on was never computed.
                 let ins: Vec<Option<&Part<S>>> = op.inputs.iter().map(|&t| vals[t].as_ref()).collect();
                 let out_need: Vec<Option<Region>> = op.outputs.iter().map(|&t| need[t].clone()).collect();
-                run_customized(graph, &plans[i], &ins, &out_need)
+                let outs = run_customized(graph, &plans[i], &ins, &out_need, cancel);
+                cancel.check()?;
+                outs
             }
             kind => {
                 let r = need[op.outputs[0]].clone().expect("demanded");
                 let dims: Vec<&[usize]> = op.inputs.iter().map(|&t| g.tensors[t].dims.as_slice()).collect();
-                let (opr, computed) = kernel_rule(kind, r.start.len()).apply(&r, &dims);
-                let args: Vec<Cow<Tensor<S>>> = op
-                    .inputs
-                    .iter()
-                    .zip(&opr)
-                    .map(|(&t, rr)| part(t).view(rr.as_ref().expect("kernel operands are always needed")))
-                    .collect();
-                let t = match kind {
-                    KernelOpKind::Matmul => args[0].matmul(&args[1]),
-                    KernelOpKind::Unary { op: u } => args[0].unary(u),
-                    KernelOpKind::Binary { op: b } => args[0].binary(*b, &args[1]),
-                    KernelOpKind::Reduction { dim } => args[0].sum_dim(*dim),
-                    KernelOpKind::RmsNorm { normalized_ndims } => {
-                        let x = &args[0];
-                        let len: usize = x.dims[x.dims.len() - normalized_ndims..].iter().product();
-                        x.rms_norm(len, args.get(1).map(|w| w.as_ref()))
-                    }
-                    KernelOpKind::Softmax { dim } => args[0].softmax(*dim),
-                    KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => unreachable!("handled above"),
-                };
-                let p = Part { region: computed, t };
-                let t = p.view(&r).into_owned();
+                let parts: Vec<&Part<S>> = op.inputs.iter().map(|&t| part(t)).collect();
+                let t = kernel_op(kind, &r, &dims, &parts, cancel)?;
                 vec![Some(Part { region: r, t })]
             }
         };
@@ -355,6 +365,119 @@ pub fn run_region<S: Scalar, I: Source<S> + ?Sized>(
         .zip(regions)
         .map(|(&t, r)| vals[t].as_ref().expect("outputs are computed").view(r).into_owned())
         .collect())
+}
+
+/// Output elements (times the inner dim of a matmul) a kernel op computes between two polls
+/// of the cancel flag.
+const BAND_WORK: usize = 1 << 22;
+
+/// Computes box `r` of a predefined kernel op from its operands' parts, in bands of rows along
+/// dim 0 (polling `cancel` between bands) where the op's rule allows it.
+fn kernel_op<S: Scalar>(
+    kind: &KernelOpKind,
+    r: &Region,
+    dims: &[&[usize]],
+    parts: &[&Part<S>],
+    cancel: &Cancel,
+) -> Result<Tensor<S>> {
+    let rule = kernel_rule(kind, r.start.len());
+    let ext = r.extent();
+    let inner = match kind {
+        KernelOpKind::Matmul => dims[0][dims[0].len() - 1],
+        _ => 1,
+    };
+    let per_row = numel(&ext[1..]).saturating_mul(inner).max(1);
+    let splittable = !matches!(&rule, Rule::Widen(d) if d.contains(&0)) && ext.len() > 1;
+    let band = if splittable { (BAND_WORK / per_row).max(1) } else { ext[0] };
+    if band >= ext[0] {
+        return Ok(kernel_box(kind, &rule, r, dims, parts));
+    }
+    let mut out = Tensor::zeros(&ext);
+    let mut row = r.start[0];
+    while row < r.end[0] {
+        cancel.check()?;
+        let mut rb = r.clone();
+        rb.start[0] = row;
+        rb.end[0] = (row + band).min(r.end[0]);
+        let t = kernel_box(kind, &rule, &rb, dims, parts);
+        let mut at = vec![0; ext.len()];
+        at[0] = row - r.start[0];
+        out.copy_from(&at, &t, &vec![0; ext.len()], &rb.extent());
+        row = rb.end[0];
+    }
+    Ok(out)
+}
+
+/// Computes box `r` of a predefined kernel op in one piece.
+fn kernel_box<S: Scalar>(
+    kind: &KernelOpKind,
+    rule: &Rule,
+    r: &Region,
+    dims: &[&[usize]],
+    parts: &[&Part<S>],
+) -> Tensor<S> {
+    let (opr, computed) = rule.apply(r, dims);
+    let args: Vec<Cow<Tensor<S>>> =
+        parts.iter().zip(&opr).map(|(p, rr)| p.view(rr.as_ref().expect("kernel operands are always needed"))).collect();
+    let t = match kind {
+        KernelOpKind::Matmul => args[0].matmul(&args[1]),
+        KernelOpKind::Unary { op: u } => args[0].unary(u),
+        KernelOpKind::Binary { op: b } => args[0].binary(*b, &args[1]),
+        KernelOpKind::Reduction { dim } => args[0].sum_dim(*dim),
+        KernelOpKind::RmsNorm { normalized_ndims } => {
+            let x = &args[0];
+            let len: usize = x.dims[x.dims.len() - normalized_ndims..].iter().product();
+            x.rms_norm(len, args.get(1).map(|w| w.as_ref()))
+        }
+        KernelOpKind::Softmax { dim } => args[0].softmax(*dim),
+        KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => unreachable!("no kernel box"),
+    };
+    Part { region: computed, t }.view(r).into_owned()
+}
+
+/// Refuses a customized op (kernel op `i`) whose grid has more blocks than the interpreter runs.
+fn check_run_blocks(i: usize, bg: &BlockGraph) -> Result<()> {
+    let blocks = bg.grid_dim.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX);
+    if blocks > MAX_RUN_BLOCKS {
+        return shape_err(
+            "run",
+            format!(
+                "kernel op #{i} (customized) has grid_dim {:?} ({blocks} blocks); the CPU interpreter runs at most {MAX_RUN_BLOCKS} (2^20) blocks per op",
+                bg.grid_dim
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a run whose demanded boxes (or a demanded customized op's tiles) hold more than
+/// [`MAX_RUN_NUMEL`] elements, before anything is allocated.
+fn check_run_sizes(g: &KernelGraph, need: &[Option<Region>]) -> Result<()> {
+    let too_big = |what: String, dims: &[usize]| {
+        shape_err(
+            "run",
+            format!("{what} with dims {dims:?} needs more than {MAX_RUN_NUMEL} (2^31) elements, the most the CPU interpreter holds per tensor"),
+        )
+    };
+    for (t, r) in need.iter().enumerate() {
+        let Some(r) = r else { continue };
+        let ext = r.extent();
+        if crate::limits::checked_numel(&ext).is_none_or(|n| n > MAX_RUN_NUMEL) {
+            return too_big(format!("tensor #{t} (a box of it)"), &ext);
+        }
+    }
+    for (i, op) in g.ops.iter().enumerate() {
+        let KernelOpKind::Customized { graph } = &op.kind else { continue };
+        if op.outputs.iter().all(|&t| need[t].is_none()) {
+            continue;
+        }
+        for (j, st) in graph.tensors.iter().enumerate() {
+            if crate::limits::checked_numel(&st.dims).is_none_or(|n| n > MAX_RUN_NUMEL) {
+                return too_big(format!("kernel op #{i} (customized): stensor #{j}"), &st.dims);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What one block must compute: its coordinate and the demanded box of each of its tensors.
@@ -380,17 +503,23 @@ fn iterations(bg: &BlockGraph, loop_dim: i64) -> usize {
 
 /// Plans the blocks of a customized op for the demanded boxes of its outputs; returns the plans
 /// and the demanded boxes of its inputs.
-fn plan_blocks(bg: &BlockGraph, out_need: &[Option<Region>]) -> (Vec<BlockPlan>, Vec<Option<Region>>) {
+fn plan_blocks(bg: &BlockGraph, out_need: &[Option<Region>], cancel: &Cancel) -> (Vec<BlockPlan>, Vec<Option<Region>>) {
     let n_inputs = bg.input_ops().count();
     let per_block: Vec<(BlockPlan, Vec<Option<Region>>)> = (0..bg.num_blocks())
         .into_par_iter()
         .filter_map(|b| {
+            if cancel.is_set() {
+                return None;
+            }
             let coord = block_coord(bg, b);
             let mut need: Vec<Option<Region>> = vec![None; bg.tensors.len()];
             for (op, demand) in bg.output_ops().zip(out_need) {
                 let (Some(demand), BlockOpKind::Output { omap, forloop_dim }) = (demand, &op.kind) else { continue };
                 let tile = &bg.tensors[op.inputs[0]].dims;
                 for it in 0..iterations(bg, *forloop_dim) {
+                    if cancel.is_set() {
+                        return None;
+                    }
                     let t = Region::full(tile).shift(&tile_offset(bg, coord, *omap, *forloop_dim, tile, it));
                     if let Some(hit) = t.intersect(demand) {
                         hull_into(&mut need[op.inputs[0]], hit.relative(&t.start));
@@ -410,6 +539,9 @@ fn plan_blocks(bg: &BlockGraph, out_need: &[Option<Region>]) -> (Vec<BlockPlan>,
                         let Some(r) = need[op.outputs[0]].clone() else { continue };
                         let tile = &bg.tensors[op.outputs[0]].dims;
                         for it in 0..iterations(bg, *forloop_dim) {
+                            if cancel.is_set() {
+                                return None;
+                            }
                             hull_into(
                                 &mut in_need[pos],
                                 r.shift(&tile_offset(bg, coord, *imap, *forloop_dim, tile, it)),
@@ -462,8 +594,12 @@ fn run_customized<S: Scalar>(
     plans: &[BlockPlan],
     inputs: &[Option<&Part<S>>],
     out_need: &[Option<Region>],
+    cancel: &Cancel,
 ) -> Vec<Option<Part<S>>> {
-    let writes: Vec<Vec<Write<S>>> = plans.par_iter().map(|p| run_block(bg, p, inputs)).collect();
+    let writes: Vec<Vec<Write<S>>> = plans.par_iter().map(|p| run_block(bg, p, inputs, cancel)).collect();
+    if cancel.is_set() {
+        return Vec::new();
+    }
     let mut outs: Vec<Option<Part<S>>> = out_need
         .iter()
         .map(|r| r.as_ref().map(|r| Part { region: r.clone(), t: Tensor::zeros(&r.extent()) }))
@@ -510,7 +646,13 @@ fn tile_offset(
 }
 
 /// Runs one planned thread block: loop iterations, accumulators, then the post-loop ops.
-fn run_block<S: Scalar>(bg: &BlockGraph, plan: &BlockPlan, inputs: &[Option<&Part<S>>]) -> Vec<Write<S>> {
+/// Stops early (with partial writes) once `cancel` is set; the caller checks it.
+fn run_block<S: Scalar>(
+    bg: &BlockGraph,
+    plan: &BlockPlan,
+    inputs: &[Option<&Part<S>>],
+    cancel: &Cancel,
+) -> Vec<Write<S>> {
     let need = &plan.need;
     let mut vals: Vec<Option<Part<S>>> = vec![None; bg.tensors.len()];
     let mut writes = Vec::new();
@@ -520,6 +662,9 @@ fn run_block<S: Scalar>(bg: &BlockGraph, plan: &BlockPlan, inputs: &[Option<&Par
     }
     // Pass 0..range: loop-phase work (and invariant work once); pass `range`: post-loop work.
     for it in 0..=range {
+        if cancel.is_set() {
+            break;
+        }
         let post = it == range;
         let (mut n_in, mut n_out) = (0, 0);
         for op in &bg.ops {

@@ -15,11 +15,8 @@ pub const FORMAT_NAME: &str = "mirage-ugraph";
 /// Newest file format version this build writes and reads.
 pub const FORMAT_VERSION: u64 = 1;
 
-/// Largest grid extent per axis, loop range or element count a loaded graph may have (guards
-/// the shape arithmetic of the builders against overflow).
-const MAX_EXTENT: usize = 1 << 31;
-/// Largest element count of one tensor of a loaded graph.
-const MAX_NUMEL: usize = 1 << 48;
+/// Most characters of the input that an error message quotes.
+const MAX_ECHO: usize = 300;
 
 #[derive(Serialize)]
 struct EnvelopeOut<'a> {
@@ -41,7 +38,25 @@ pub fn to_json(g: &KernelGraph) -> String {
 }
 
 /// Parses and validates a graph written by [`to_json`] (this or an older format version).
+/// Every size goes through the checked builders ([`KernelGraph::revalidate`]), so a loaded
+/// graph obeys the same limits ([`crate::limits`]) as a built one. Error messages quote at
+/// most a few hundred characters of the input.
 pub fn from_json(s: &str) -> Result<KernelGraph> {
+    parse(s).map_err(|e| match e {
+        Error::Json(m) => Error::Json(clip(&m)),
+        e => e,
+    })
+}
+
+/// Shortens `m` to [`MAX_ECHO`] characters, saying how much was left out.
+fn clip(m: &str) -> String {
+    match m.char_indices().nth(MAX_ECHO) {
+        None => m.to_string(),
+        Some((cut, _)) => format!("{}... ({} more characters)", &m[..cut], m[cut..].chars().count()),
+    }
+}
+
+fn parse(s: &str) -> Result<KernelGraph> {
     let v: Value = serde_json::from_str(s).map_err(|e| Error::Json(format!("not valid JSON: {e}")))?;
     let obj = v.as_object().ok_or_else(|| Error::Json("the top level is not a JSON object".into()))?;
     match obj.get("format") {
@@ -64,9 +79,8 @@ pub fn from_json(s: &str) -> Result<KernelGraph> {
     }
     // Deserialize from the text (not the Value) so errors carry serde's line/column.
     let g = serde_json::from_str::<EnvelopeIn>(s).map_err(|e| Error::Json(format!("graph: {e}")))?.graph;
-    check_sizes(&g)?;
     let rebuilt = std::panic::catch_unwind(|| g.revalidate())
-        .map_err(|_| Error::Json("graph: sizes overflow the shape arithmetic".into()))??;
+        .map_err(|_| Error::Json("graph: its sizes break the shape arithmetic".into()))??;
     if let Some(d) = first_difference(&g, &rebuilt) {
         return Err(Error::Json(format!("inconsistent: {d}")));
     }
@@ -83,53 +97,6 @@ impl KernelGraph {
     pub fn from_json(s: &str) -> Result<KernelGraph> {
         from_json(s)
     }
-}
-
-fn size_err(what: String) -> Error {
-    Error::Json(format!("graph: {what} exceeds the supported sizes"))
-}
-
-fn check_dims_size(what: &str, dims: &[usize]) -> Result<()> {
-    let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-    if dims.iter().any(|&d| d > MAX_EXTENT) || !matches!(n, Some(n) if n <= MAX_NUMEL) {
-        return Err(size_err(format!("{what} with dims {dims:?}")));
-    }
-    Ok(())
-}
-
-fn check_block_sizes(k: usize, b: &BlockGraph) -> Result<()> {
-    let launch = b.grid_dim.iter().chain(&b.block_dim).chain([&b.forloop_range, &b.reduction_dimx]);
-    if launch.copied().any(|x| x > MAX_EXTENT)
-        || !matches!(b.grid_dim.iter().try_fold(1usize, |n, &d| n.checked_mul(d)), Some(n) if n <= MAX_EXTENT)
-    {
-        return Err(size_err(format!("kernel op #{k}: the launch parameters of the threadblock graph")));
-    }
-    for (i, t) in b.tensors.iter().enumerate() {
-        check_dims_size(&format!("kernel op #{k}: stensor #{i}"), &t.dims)?;
-    }
-    for (j, op) in b.ops.iter().enumerate() {
-        if let crate::block::BlockOpKind::Input { dims, .. } = &op.kind {
-            check_dims_size(&format!("kernel op #{k}: block op #{j} (tb.new_input)"), dims)?;
-        }
-    }
-    Ok(())
-}
-
-/// Rejects sizes whose products could overflow while rebuilding.
-fn check_sizes(g: &KernelGraph) -> Result<()> {
-    for (i, t) in g.tensors.iter().enumerate() {
-        check_dims_size(&format!("tensor #{i}"), &t.dims)?;
-    }
-    for (k, op) in g.ops.iter().enumerate() {
-        match &op.kind {
-            crate::kernel::KernelOpKind::Input { dims, .. } => {
-                check_dims_size(&format!("kernel op #{k} (new_input)"), dims)?
-            }
-            crate::kernel::KernelOpKind::Customized { graph } => check_block_sizes(k, graph)?,
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 /// Describes the first place where a deserialized graph differs from its rebuilt version.

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::block::{BlockGraph, BlockOpKind};
 use crate::error::{invalid, shape_err, Error, Result};
+use crate::limits::check_size;
 use crate::ops::{broadcast_dims, matmul_dims, reduce_dims, BinaryOp, UnaryOp};
 use crate::types::{check_dims, check_strides, resolve_dim, row_major_strides, same_dtype, DType};
 
@@ -141,11 +142,16 @@ impl KernelGraph {
         })
     }
 
-    fn push(&mut self, kind: KernelOpKind, inputs: Vec<TensorId>, outs: Vec<DTensor>) -> Vec<TensorId> {
+    /// Appends an op; every result must fit the size limits ([`crate::limits`]).
+    fn push(&mut self, kind: KernelOpKind, inputs: Vec<TensorId>, outs: Vec<DTensor>) -> Result<Vec<TensorId>> {
+        for (i, t) in outs.iter().enumerate() {
+            let what = if outs.len() == 1 { "the result".to_string() } else { format!("result {i}") };
+            check_size(kind.name(), &what, &t.dims)?;
+        }
         let ids: Vec<TensorId> = (self.tensors.len()..self.tensors.len() + outs.len()).collect();
         self.tensors.extend(outs);
         self.ops.push(KernelOp { kind, inputs, outputs: ids.clone() });
-        ids
+        Ok(ids)
     }
 
     /// Adds an input; `strides` default to row-major.
@@ -159,7 +165,7 @@ impl KernelGraph {
             None => row_major_strides(dims),
         };
         let t = DTensor { dims: dims.to_vec(), dtype };
-        Ok(self.push(KernelOpKind::Input { dims: dims.to_vec(), dtype, strides }, vec![], vec![t])[0])
+        Ok(self.push(KernelOpKind::Input { dims: dims.to_vec(), dtype, strides }, vec![], vec![t])?[0])
     }
 
     /// Ids of the graph inputs in order.
@@ -172,14 +178,14 @@ impl KernelGraph {
         let (ta, tb) = (self.tensor(a)?.clone(), self.tensor(b)?.clone());
         let dims = matmul_dims("matmul", &ta.dims, &tb.dims)?;
         let dtype = same_dtype("matmul", ta.dtype, tb.dtype)?;
-        Ok(self.push(KernelOpKind::Matmul, vec![a, b], vec![DTensor { dims, dtype }])[0])
+        Ok(self.push(KernelOpKind::Matmul, vec![a, b], vec![DTensor { dims, dtype }])?[0])
     }
 
     /// Element-wise unary op.
     pub fn unary(&mut self, op: UnaryOp, a: TensorId) -> Result<TensorId> {
         op.validate()?;
         let t = self.tensor(a)?.clone();
-        Ok(self.push(KernelOpKind::Unary { op }, vec![a], vec![t])[0])
+        Ok(self.push(KernelOpKind::Unary { op }, vec![a], vec![t])?[0])
     }
 
     /// Element-wise binary op with broadcasting.
@@ -187,7 +193,7 @@ impl KernelGraph {
         let (ta, tb) = (self.tensor(a)?.clone(), self.tensor(b)?.clone());
         let dims = broadcast_dims(op.name(), &ta.dims, &tb.dims)?;
         let dtype = same_dtype(op.name(), ta.dtype, tb.dtype)?;
-        Ok(self.push(KernelOpKind::Binary { op }, vec![a, b], vec![DTensor { dims, dtype }])[0])
+        Ok(self.push(KernelOpKind::Binary { op }, vec![a, b], vec![DTensor { dims, dtype }])?[0])
     }
 
     /// Sum over `dim` (negative counts from the end), kept with size 1.
@@ -195,7 +201,7 @@ impl KernelGraph {
         let t = self.tensor(a)?.clone();
         let d = resolve_dim("reduction", "the input", dim, t.dims.len())?;
         let out = DTensor { dims: reduce_dims(&t.dims, d), dtype: t.dtype };
-        Ok(self.push(KernelOpKind::Reduction { dim: d }, vec![a], vec![out])[0])
+        Ok(self.push(KernelOpKind::Reduction { dim: d }, vec![a], vec![out])?[0])
     }
 
     /// RMS normalisation over the trailing dims `normalized_shape`, with an optional weight.
@@ -224,14 +230,14 @@ impl KernelGraph {
             same_dtype(op, t.dtype, tw.dtype)?;
             inputs.push(w);
         }
-        Ok(self.push(KernelOpKind::RmsNorm { normalized_ndims: n }, inputs, vec![t])[0])
+        Ok(self.push(KernelOpKind::RmsNorm { normalized_ndims: n }, inputs, vec![t])?[0])
     }
 
     /// Softmax over `dim` (negative counts from the end).
     pub fn softmax(&mut self, a: TensorId, dim: i64) -> Result<TensorId> {
         let t = self.tensor(a)?.clone();
         let d = resolve_dim("softmax", "the input", dim, t.dims.len())?;
-        Ok(self.push(KernelOpKind::Softmax { dim: d }, vec![a], vec![t])[0])
+        Ok(self.push(KernelOpKind::Softmax { dim: d }, vec![a], vec![t])?[0])
     }
 
     /// Adds a customized op running `graph` on `inputs`; returns its outputs in order.
@@ -270,7 +276,7 @@ impl KernelGraph {
             .zip(graph.output_dims())
             .map(|(o, dims)| DTensor { dims, dtype: graph.tensors[o.inputs[0]].dtype })
             .collect();
-        Ok(self.push(KernelOpKind::Customized { graph }, inputs.to_vec(), outs))
+        self.push(KernelOpKind::Customized { graph }, inputs.to_vec(), outs)
     }
 
     /// Marks `t` as an output; `strides` default to row-major.

@@ -22,12 +22,14 @@
 //! ```
 
 pub mod block;
+pub mod cancel;
 pub mod dot;
 pub mod error;
 pub mod hash;
 pub mod interp;
 pub mod json;
 pub mod kernel;
+pub mod limits;
 pub mod ops;
 pub mod scalar;
 pub mod smem;
@@ -37,10 +39,11 @@ pub mod types;
 pub mod zoo;
 
 pub use block::{BlockGraph, BlockOp, BlockOpKind, Phase, STensor, STensorId};
+pub use cancel::Cancel;
 pub use dot::to_dot;
 pub use error::{Error, Result};
 pub use hash::graph_hash;
-pub use interp::{random_inputs, run, run_region, Region, Source};
+pub use interp::{random_inputs, run, run_region, run_region_with, run_with, Region, Source};
 pub use json::{from_json, to_json, FORMAT_VERSION};
 pub use kernel::{DTensor, KernelGraph, KernelOp, KernelOpKind, Output, TensorId};
 pub use ops::{Accum, BinaryOp, UnaryOp};

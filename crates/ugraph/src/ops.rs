@@ -264,7 +264,20 @@ pub fn concat_dims(op: &str, a: &[usize], b: &[usize], dim: usize) -> Result<Vec
         }
     }
     let mut out = a.to_vec();
-    out[dim] += b[dim];
+    out[dim] = match a[dim].checked_add(b[dim]) {
+        Some(n) if n <= crate::limits::MAX_EXTENT => n,
+        _ => {
+            return shape_err(
+                op,
+                format!(
+                    "A has dims {a:?} and B has dims {b:?}: concat dim {dim} would have {} + {}, more than the largest supported dim {}",
+                    a[dim],
+                    b[dim],
+                    crate::limits::MAX_EXTENT
+                ),
+            )
+        }
+    };
     Ok(out)
 }
 

@@ -29,9 +29,9 @@ pub trait Scalar: Copy + Send + Sync + std::fmt::Debug + 'static {
     fn silu(self) -> Self;
     /// `a * Phi(a)` (the erf form, as torch's default).
     fn gelu(self) -> Self;
-    /// `max(a, 0)`.
+    /// `max(a, 0)` (a float NaN stays NaN).
     fn relu(self) -> Self;
-    /// `min(max(a, lo), hi)`.
+    /// `min(max(a, lo), hi)` (a float NaN stays NaN).
     fn clamp(self, lo: f32, hi: f32) -> Self;
     /// Larger of two values.
     fn max(self, o: Self) -> Self;
@@ -104,7 +104,8 @@ macro_rules! float_scalar {
             }
             #[inline(always)]
             fn relu(self) -> Self {
-                if self > 0.0 {
+                // NaN stays NaN, as in torch.
+                if self > 0.0 || self.is_nan() {
                     self
                 } else {
                     0.0
@@ -112,7 +113,12 @@ macro_rules! float_scalar {
             }
             #[inline(always)]
             fn clamp(self, lo: f32, hi: f32) -> Self {
-                self.max(lo as $t).min(hi as $t)
+                // NaN stays NaN, as in torch (f32::max/min would return a bound).
+                if self.is_nan() {
+                    self
+                } else {
+                    self.max(lo as $t).min(hi as $t)
+                }
             }
             #[inline(always)]
             fn max(self, o: Self) -> Self {
@@ -128,3 +134,20 @@ macro_rules! float_scalar {
 
 float_scalar!(f32, libm::erff);
 float_scalar!(f64, libm::erf);
+
+#[cfg(test)]
+mod tests {
+    use super::Scalar;
+
+    #[test]
+    fn relu_and_clamp_keep_nan_as_torch_does() {
+        assert!(Scalar::relu(f32::NAN).is_nan());
+        assert!(Scalar::clamp(f32::NAN, -1.0, 1.0).is_nan());
+        assert!(Scalar::relu(f64::NAN).is_nan());
+        assert!(Scalar::clamp(f64::NAN, -1.0, 1.0).is_nan());
+        assert_eq!(Scalar::relu(-2.0f32), 0.0);
+        assert_eq!(Scalar::relu(3.0f32), 3.0);
+        assert_eq!(Scalar::clamp(5.0f32, -1.0, 1.0), 1.0);
+        assert_eq!(Scalar::clamp(f32::NEG_INFINITY, -1.0, 1.0), -1.0);
+    }
+}

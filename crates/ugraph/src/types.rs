@@ -62,7 +62,8 @@ pub fn row_major_strides(dims: &[usize]) -> Vec<usize> {
     s
 }
 
-/// Checks that `dims` is a valid tensor shape (rank 1..=4, every dim positive).
+/// Checks that `dims` is a valid tensor shape (rank 1..=4, every dim positive, within the
+/// size limits of [`crate::limits`]).
 pub fn check_dims(op: &str, what: &str, dims: &[usize]) -> Result<()> {
     if dims.is_empty() || dims.len() > MAX_RANK {
         return shape_err(
@@ -73,7 +74,7 @@ pub fn check_dims(op: &str, what: &str, dims: &[usize]) -> Result<()> {
     if dims.contains(&0) {
         return shape_err(op, format!("{what} has a zero dim in {dims:?}"));
     }
-    Ok(())
+    crate::limits::check_size(op, what, dims)
 }
 
 /// Resolves a possibly negative dim index against a rank.

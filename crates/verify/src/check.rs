@@ -1,12 +1,12 @@
 //! The equivalence check: interface checks, the LAX check, then independent field trials on
-//! sampled output elements evaluated demand-driven ([`run_region`]), output assignment by
+//! sampled output elements evaluated demand-driven ([`mirage_ugraph::run_region`]), output assignment by
 //! matching, and the float cross-check of an accepted candidate.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use mirage_ugraph::interp::Region;
-use mirage_ugraph::{run_region, DType, KernelGraph};
+use mirage_ugraph::{run_region_with, Cancel, DType, KernelGraph};
 
 use crate::bound::{per_trial, trials_for};
 use crate::error::VerifyError;
@@ -45,6 +45,8 @@ pub struct Options {
     /// Test graphs with two exponentials on a path anyway (nested exps become uninterpreted),
     /// instead of returning [`VerifyError::NotLax`] (default off).
     pub allow_non_lax: bool,
+    /// Stops the check with [`mirage_ugraph::Error::Cancelled`] once set (default: never).
+    pub cancel: Cancel,
 }
 
 impl Default for Options {
@@ -60,6 +62,7 @@ impl Default for Options {
             float_check: true,
             float_samples: 4,
             allow_non_lax: false,
+            cancel: Cancel::default(),
         }
     }
 }
@@ -143,14 +146,19 @@ pub(crate) fn output_dims(g: &KernelGraph) -> Vec<Vec<usize>> {
 }
 
 /// Evaluates one element per output (`idx[o]` for output `o`); returns the values.
-pub(crate) fn eval_elements<S, I>(g: &KernelGraph, src: &I, idx: &[&Vec<usize>]) -> Result<Vec<S>, VerifyError>
+pub(crate) fn eval_elements<S, I>(
+    g: &KernelGraph,
+    src: &I,
+    idx: &[&Vec<usize>],
+    cancel: &Cancel,
+) -> Result<Vec<S>, VerifyError>
 where
     S: mirage_ugraph::Scalar,
     I: mirage_ugraph::Source<S> + ?Sized,
 {
     let regions: Vec<Region> =
         idx.iter().map(|i| Region { start: i.to_vec(), end: i.iter().map(|x| x + 1).collect() }).collect();
-    let outs = run_region(g, src, &regions)?;
+    let outs = run_region_with(g, src, &regions, cancel)?;
     outs.iter()
         .map(|t| {
             t.data.first().copied().ok_or_else(|| VerifyError::Interface("an output region came back empty".into()))
@@ -285,7 +293,7 @@ impl Verifier {
         if let Some(v) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
             return Ok(v);
         }
-        let v = eval_elements(&self.reference, src, idx)?;
+        let v = eval_elements(&self.reference, src, idx, &self.opts.cancel)?;
         if let Ok(mut c) = self.cache.lock() {
             if c.len() >= CACHE_LIMIT {
                 c.clear();
@@ -359,7 +367,7 @@ impl Verifier {
                 let cand_idx = slot_indices(&per_class, &cand_class, s);
                 let rv = self.reference_values(trial, &src, &ref_idx)?;
                 let before = src.reads();
-                let cv: Vec<Fp> = eval_elements(candidate, &src, &cand_idx)?;
+                let cv: Vec<Fp> = eval_elements(candidate, &src, &cand_idx, &opts.cancel)?;
                 cand_reads += src.reads() - before;
                 samples += n;
                 tiles_compared += per_class.iter().filter(|l| l.get(s).is_some_and(|x| x.1)).count();

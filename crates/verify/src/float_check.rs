@@ -104,9 +104,9 @@ fn run<S: Scalar>(
         for (r, &c) in assignment.iter().enumerate() {
             cand_idx[c] = ref_idx[r];
         }
-        let rv: Vec<f64> = eval_elements::<f64, _>(reference, &src, &ref_idx)?;
+        let rv: Vec<f64> = eval_elements::<f64, _>(reference, &src, &ref_idx, &opts.cancel)?;
         let before = src.reads();
-        let cv: Vec<S> = eval_elements::<S, _>(candidate, &src, &cand_idx)?;
+        let cv: Vec<S> = eval_elements::<S, _>(candidate, &src, &cand_idx, &opts.cancel)?;
         cand_reads += src.reads() - before;
         for (r, &c) in assignment.iter().enumerate() {
             pairs[r].push((rv[r], cv[c].to_f64(), ref_idx[r].clone()));

@@ -23,5 +23,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     verify::register(m)?;
     search::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // SHA-256 of the sources behind search results and generated code (see build.rs).
+    m.add("__build_hash__", env!("MIRAGE_BUILD_HASH"))?;
     Ok(())
 }

@@ -70,7 +70,7 @@ X = g.new_input(dims=(16, 1024), dtype=mi.float16)
 W = g.new_input(dims=(1024, 1024), dtype=mi.float16)
 g.mark_output(g.matmul(g.rms_norm(X, normalized_shape=(1024,)), W))
 t0 = time.perf_counter()
-# Cached by graph hash + settings in $MIRAGE_CACHE_DIR/search (else ~/.cache/mirage-rs/search);
+# Cached by graph hash, settings and build in $MIRAGE_CACHE_DIR/search (docs/caches.md);
 # with a CUDA GPU the top candidates are compiled and timed, else the cost model decides.
 best = g.superoptimize(config="mlp")
 st = best.search_stats

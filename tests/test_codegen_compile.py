@@ -5,6 +5,7 @@ and sm_90 (CUBIN). A compile error fails the test with NVRTC's log.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 
 import mirage as mi
@@ -227,13 +228,56 @@ def test_unknown_architecture_names_the_option():
             call(1)
 
 
+def _cubin_entry(data: bytes) -> bytes:
+    """The CUBIN of an on-disk cache entry: a 16-byte magic, the CUBIN's length and SHA-256."""
+    assert data[:16] == b"mirage-cubin\0v1\0"
+    length = int.from_bytes(data[16:24], "little")
+    cubin = data[56:]
+    assert len(cubin) == length and hashlib.sha256(cubin).digest() == data[24:56]
+    return cubin
+
+
 def test_cubin_cache_hits_disk(tmp_path, monkeypatch):
     cache = tmp_path / "c2"
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(cache))
     src = "__global__ void mirage_cache_probe_kernel(float* p) { p[threadIdx.x] = 1.0f; }\n"
     first = _core.nvrtc_compile(src + "// probe " + str(tmp_path), 90)
     files = list((cache / "cubin").glob("*.cubin"))
-    assert len(files) == 1 and files[0].read_bytes() == first
+    assert len(files) == 1 and _cubin_entry(files[0].read_bytes()) == first
+    # Read back from the disk (not from memory) in a fresh state.
+    _core.nvrtc_clear_memory_cache()
+    assert _core.nvrtc_compile(src + "// probe " + str(tmp_path), 90) == first
+
+
+def _flip(data: bytes) -> bytes:
+    i = len(data) - 100
+    return data[:i] + bytes([data[i] ^ 0x40]) + data[i + 1 :]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda e: e[: len(e) // 2],  # truncated
+        lambda e: e[:40],  # inside the header
+        lambda e: b"",
+        _flip,  # a flipped bit in the CUBIN: the digest differs
+        lambda e: e + b"\0",  # extended
+        lambda e: e[56:],  # a bare CUBIN (an older layout)
+    ],
+    ids=["truncated", "header cut", "empty", "flipped bit", "extended", "bare cubin"],
+)
+def test_a_damaged_cubin_entry_is_compiled_again_never_loaded(tmp_path, monkeypatch, damage):
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "c3"))
+    src = "__global__ void mirage_damage_probe(float* p) { p[threadIdx.x] = 2.0f; }\n"
+    src += "// probe " + str(tmp_path)
+    first = _core.nvrtc_compile(src, 90)
+    (path,) = (tmp_path / "c3" / "cubin").glob("*.cubin")
+    path.write_bytes(damage(path.read_bytes()))
+    _core.nvrtc_clear_memory_cache()
+    again = _core.nvrtc_compile(src, 90)
+    assert again[:4] == b"\x7fELF" and len(again) == len(first)
+    assert again == first, "the damaged entry was served"
+    assert _cubin_entry(path.read_bytes()) == again, "the entry is rewritten whole"
 
 
 @pytest.mark.parametrize("name", sorted(SUITE_GRAPHS))

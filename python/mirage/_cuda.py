@@ -4,9 +4,11 @@ for the device's exact architecture, launched on torch's current stream.
 ``graph(inputs=[...])`` comes here when any input is a CUDA tensor. Every call checks every
 input (all torch tensors on one CUDA device, the device chosen by ``mi.set_gpu_device_id``;
 dtype, shape and the graph's layout); outputs and the workspace are allocated by torch on
-that device. The compiled executable is cached per graph and device; CUBINs are cached in
-memory and on disk (``MIRAGE_CACHE_DIR``, default ``~/.cache/mirage``) by source hash, arch
-and NVRTC version.
+that device. The compiled executable is cached per graph, device and values of the result
+switches (``mirage._env.RESULT_SWITCHES``); CUBINs are cached in memory and on disk
+(``$MIRAGE_CACHE_DIR/cubin``, default ``~/.cache/mirage/cubin``) by source hash, arch, NVRTC
+version and options, each disk entry checked against its length and SHA-256 before it is
+loaded (see docs/caches.md).
 
 NVRTC and CUDA's headers are found (in order): ``MIRAGE_NVRTC_PATH`` / ``MIRAGE_CUDA_INCLUDE``,
 the NVRTC already loaded in this process (torch's), the nvidia pip packages on ``sys.path``,
@@ -49,7 +51,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _core
+from . import _core, _env
 
 if TYPE_CHECKING:
     from .kernel import KNGraph
@@ -69,8 +71,9 @@ __all__ = [
 ]
 
 _configured = False
-# Per graph: {(device, num_ops, outputs): executable}; graphs only grow, so the key changes
-# whenever the graph does.
+# Per graph: {(device, num_ops, outputs, result switch values...): executable}; graphs only
+# grow, so the key changes whenever the graph does, and whenever a switch that changes the
+# generated code or its launches does.
 _EXECUTABLES: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = (
     weakref.WeakKeyDictionary()
 )
@@ -229,7 +232,7 @@ def executable(graph: KNGraph, device: int, save_codes: Any = None) -> Any:
     """The compiled, loaded executable of ``graph`` on CUDA device ``device`` (cached)."""
     _configure()
     core = graph._core
-    key = (device, core.num_ops, tuple(core.output_ids()))
+    key = (device, core.num_ops, tuple(core.output_ids()), *_env.result_switch_values().values())
     per_graph = _EXECUTABLES.setdefault(graph, {})
     exe = per_graph.get(key)
     if exe is None:

@@ -408,7 +408,10 @@ class KNGraph:
           ``backend="cpu"``), the cheapest by the cost model among verified candidates.
         * ``use_cached_graphs``: reuse the result of an identical earlier search, stored as JSON
           in ``cache_dir`` (default ``$MIRAGE_CACHE_DIR/search`` or
-          ``~/.cache/mirage-rs/search``), keyed by graph hash and search settings.
+          ``~/.cache/mirage-rs/search``), keyed by graph hash, search settings, the build
+          (crate version and ``mirage._core.__build_hash__``) and the ``MIRAGE_*`` switches
+          that change generated code; a damaged or foreign entry is searched again and
+          overwritten, with a ``RuntimeWarning`` (docs/caches.md).
           ``previous_checkpoint="file.json"``: load the candidates from that file if it exists,
           else search and save them there.
         * ``save_codes``: ``True`` (folder ``$MIRAGE_SAVE_CODES`` or ``mirage_generated``) or a

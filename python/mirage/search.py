@@ -12,9 +12,14 @@ chooses the winner:
   timed with CUDA events on random inputs (``warmup_iters`` launches, then ``profile_iters``
   timed launches replayed in a CUDA graph when capture works, median), and the fastest wins.
 
-Cache: one JSON file per (graph hash, search settings) in ``cache_dir`` (default
-``$MIRAGE_CACHE_DIR/search`` or ``~/.cache/mirage-rs/search``), holding the verified
-candidates (cheapest first), the statistics, and per-device profiling winners.
+Cache: one JSON file per key in ``cache_dir`` (default ``$MIRAGE_CACHE_DIR/search`` or
+``~/.cache/mirage-rs/search``), holding the verified candidates (cheapest first), the
+statistics, and per-device profiling winners. The key hashes the graph, the search settings,
+the crate version, the extension's build hash (``mirage._core.__build_hash__``) and the
+result switches of ``mirage._env``. An entry that cannot be served (unreadable, another
+format or build, a candidate whose graph does not parse or match its hash...) is a miss, with
+a ``RuntimeWarning`` naming the file and the reason: the graph is searched again and the file
+overwritten. See docs/caches.md.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
-from . import _core, _cuda
+from . import _core, _cuda, _env
 from ._args import MAX_EXTENT, as_dim3, as_int, as_map3, short_repr
 from .kernel import KNGraph
 
@@ -106,7 +111,9 @@ _BACKENDS = ("cuda", "cpu")
 #: a chain (its fastest now, 96 blocks of 64 columns, ranks in the first few).
 _GPU_TOP_N = 64
 _CACHE_FORMAT = "mirage-rs/search-result"
-_CACHE_VERSION = 47
+#: Version of the cache file's layout (what produced its contents is in the key and the
+#: header: `_producer`).
+_CACHE_SCHEMA = 1
 #: Candidates compiled and timed on a GPU: every one verified there, with the twins the
 #: search adds beside the first (co-resident and warpgroup forms), the first 128 in all. The cost
 #: model ranks attention forms roughly (the twelfth session's winners sat up to 26th of
@@ -308,44 +315,220 @@ def search_candidates(
     return raw
 
 
+def _producer() -> dict[str, Any]:
+    """What a search result depends on besides the graph and the settings: the crate version,
+    the build hash of the Rust sources and the result switches' values."""
+    return {
+        "mirage_version": _core.__version__,
+        "build_hash": _core.__build_hash__,
+        "switches": _env.result_switch_values(),
+    }
+
+
+def _switches_tag() -> str:
+    """The result switches' values as one string (part of the profiling winners' key)."""
+    return json.dumps(_env.result_switch_values(), sort_keys=True)
+
+
 def _cache_key(graph_hash: str, settings: Mapping[str, Any]) -> str:
+    """The name of the cache entry of ``graph_hash`` searched with ``settings`` by this build."""
     blob = json.dumps(
-        {"graph": graph_hash, "settings": settings, "version": _core.__version__},
+        {"graph": graph_hash, "settings": settings, "schema": _CACHE_SCHEMA, **_producer()},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def _load(path: str) -> dict[str, Any] | None:
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _candidate_problem(c: Any) -> str | None:
+    """Why a stored candidate cannot be served, or None: its fields' types, and its graph must
+    parse and hash to the candidate's hash (so an edited or damaged graph is never served)."""
+    if not isinstance(c, dict):
+        return f"is a {type(c).__name__}, not an object"
+    if not isinstance(c.get("hash"), str):
+        return "has no hash"
+    if c.get("verification") not in ("passed", "unstable"):
+        return f"has verification {c.get('verification')!r}"
+    if not isinstance(c.get("verification_reason", None), (str, type(None))):
+        return "has a verification_reason that is not a string"
+    kernels = c.get("customized_kernels")
+    if not isinstance(kernels, int) or isinstance(kernels, bool) or kernels < 0:
+        return f"has customized_kernels {kernels!r}"
+    cost = c.get("cost")
+    if not isinstance(cost, dict) or not _is_number(cost.get("est_us")):
+        return "has no cost with est_us"
+    if not isinstance(c.get("graph"), dict):
+        return "has no graph"
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
+        parsed = _core.KernelGraph.from_json(json.dumps(c["graph"]))
+    except (ValueError, TypeError) as e:
+        return f"has a graph that does not parse ({e})"
+    if parsed.hash() != c["hash"]:
+        return "has a graph whose hash is not the candidate's"
+    return None
+
+
+#: The types of an entry's top-level fields (beside the header checked by `_entry_problem`).
+_ENTRY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "graph_hash": str,
+    "settings": dict,
+    "candidates": list,
+    "stats": dict,
+    "stopped": (str, type(None)),
+    "empty_reason": (str, type(None)),
+    "profiled": dict,
+}
+
+
+def _entry_problem(data: Any, graph_hash: str, key: str | None) -> str | None:
+    """Why a loaded cache entry or checkpoint cannot be served, or None when it can: its
+    format and layout, the build that wrote it (crate version, build hash), its key (``key``:
+    a cache entry; None: a checkpoint, whose settings may differ), its graph, the types of its
+    fields, each candidate (`_candidate_problem`) and each profiling winner."""
+    if not isinstance(data, dict):
+        return f"it holds a JSON {type(data).__name__}, not an object"
+    if data.get("format") != _CACHE_FORMAT:
+        return f"its format is {data.get('format')!r}, not {_CACHE_FORMAT!r}"
+    if data.get("schema") != _CACHE_SCHEMA:
+        return f"its layout is {data.get('schema')!r}, this version reads {_CACHE_SCHEMA}"
+    for name, value in _producer().items():
+        if name != "switches" and data.get(name) != value:
+            return f"another build wrote it ({name} {data.get(name)!r}, this one {value!r})"
+    if key is not None and data.get("key") != key:
+        return f"its key {data.get('key')!r} is not {key!r}"
+    for name, kind in _ENTRY_FIELDS.items():
+        if not isinstance(data.get(name), kind):
+            return f"its {name!r} is missing or a {type(data.get(name)).__name__}"
+    if data["graph_hash"] != graph_hash:
+        return "it holds results for another graph"
+    for i, c in enumerate(data["candidates"]):
+        why = _candidate_problem(c)
+        if why is not None:
+            return f"candidate {i} {why}"
+    for dev_key, prof in data["profiled"].items():
+        if not isinstance(prof, dict) or not isinstance(prof.get("winner"), str):
+            return f"the profiling entry {dev_key!r} names no winner"
+    return None
+
+
+def _load(path: str, graph_hash: str, key: str | None) -> dict[str, Any] | None:
+    """The entry at ``path`` when it can be served; None when there is none, or when it cannot
+    be served (`_entry_problem`; a ``RuntimeWarning`` names the file and the reason; the
+    caller searches again and overwrites it). ``key`` None: a checkpoint, which holding
+    results for another graph raises ``ValueError`` (a mistaken path, not a damaged file)."""
+    what = "the cache entry" if key is not None else "previous_checkpoint"
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    except (OSError, ValueError) as e:
-        raise ValueError(f"superoptimize: cannot read search results from {path}: {e}") from e
-    if not isinstance(data, dict) or data.get("format") != _CACHE_FORMAT:
-        raise ValueError(f"superoptimize: {path} is not a mirage-rs search result file")
-    if data.get("version") != _CACHE_VERSION:
-        return None
-    return data
+    except OSError as e:
+        why: str | None = f"it cannot be read ({type(e).__name__}: {e})"
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
+        why = f"it is not valid JSON ({type(e).__name__}: {str(e)[:200]})"
+    else:
+        if (
+            key is None
+            and isinstance(data, dict)
+            and data.get("format") == _CACHE_FORMAT
+            and isinstance(data.get("graph_hash"), str)
+            and data["graph_hash"] != graph_hash
+        ):
+            raise ValueError(
+                f"superoptimize: previous_checkpoint {path} holds results for another graph "
+                f"(hash {data['graph_hash'][:12]}..., this graph {graph_hash[:12]}...)"
+            )
+        why = _entry_problem(data, graph_hash, key)
+    if why is None:
+        return data
+    warnings.warn(
+        f"superoptimize: ignoring {what} {path}: {why}; searching again (a complete search overwrites it)",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+    return None
 
 
 def _save(path: str, data: Mapping[str, Any]) -> None:
-    """Writes ``data`` atomically (a concurrent reader sees the old file or the new one)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".search-", suffix=".json")
+    """Writes ``data`` atomically (a concurrent reader sees the old file or the new one); a
+    file that cannot be written is a ``RuntimeWarning``, not an error."""
+    try:
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".search-", suffix=".json")
+    except OSError as e:
+        warnings.warn(f"superoptimize: cannot write {path}: {e}", RuntimeWarning, stacklevel=3)
+        return
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
-        raise
+        if not isinstance(e, OSError):
+            raise
+        warnings.warn(f"superoptimize: cannot write {path}: {e}", RuntimeWarning, stacklevel=3)
+
+
+def _results(
+    graph: KNGraph,
+    settings: dict[str, Any],
+    checkpoint: str | None,
+    folder: str | None,
+    use_cached_graphs: bool,
+    time_budget: float | None,
+    num_threads: int | None,
+    verbose: bool,
+) -> tuple[dict[str, Any], str, str | None]:
+    """The search results of ``graph`` with ``settings``: from ``checkpoint`` when given, else
+    from the cache (when ``use_cached_graphs``), else searched (and saved there). Returns the
+    entry, its file and where it was loaded from (``"checkpoint"``, ``"cache"`` or None)."""
+    graph_hash = graph.hash()
+    key = _cache_key(graph_hash, settings)
+    if checkpoint is not None:
+        path, source = checkpoint, "checkpoint"
+        data = _load(path, graph_hash, None)
+    else:
+        path = os.path.join(folder or default_cache_dir(), f"{key}.json")
+        source = "cache"
+        data = _load(path, graph_hash, key) if use_cached_graphs else None
+    if data is not None:
+        if verbose:
+            print(
+                f"[mirage] superoptimize: loaded {len(data['candidates'])} candidates from {path}",
+                file=sys.stderr,
+            )
+        return data, path, source
+    raw = search_candidates(
+        graph, settings, time_budget=time_budget, num_threads=num_threads, verbose=verbose
+    )
+    data = {
+        "format": _CACHE_FORMAT,
+        "schema": _CACHE_SCHEMA,
+        "key": key,
+        **_producer(),
+        "graph_hash": graph_hash,
+        "settings": settings,
+        "candidates": [
+            {**{k: v for k, v in c.items() if k != "graph"}, "graph": json.loads(c["graph"])}
+            for c in raw["candidates"]
+        ],
+        "stats": raw["stats"],
+        "stopped": raw["stopped"],
+        "empty_reason": raw["empty_reason"],
+        "profiled": {},
+    }
+    # An interrupted search is not the answer to these settings: only a checkpoint, which
+    # the caller named explicitly, keeps it.
+    if checkpoint is not None or (use_cached_graphs and raw["stopped"] is None):
+        _save(path, data)
+    return data, path, None
 
 
 # ------------------------------------------------------------------ choosing
@@ -670,51 +853,9 @@ def superoptimize(
         raise ValueError("superoptimize: the graph computes no output: mark one with mark_output")
 
     t0 = time.perf_counter()
-    graph_hash = graph.hash()
-    key = _cache_key(graph_hash, settings)
-    if checkpoint is not None:
-        path, source = checkpoint, "checkpoint"
-        data = _load(path)
-        if data is not None and data.get("graph_hash") != graph_hash:
-            raise ValueError(
-                f"superoptimize: previous_checkpoint {path} holds results for another graph "
-                f"(hash {str(data.get('graph_hash'))[:12]}..., this graph {graph_hash[:12]}...)"
-            )
-    else:
-        path = os.path.join(folder or default_cache_dir(), f"{key}.json")
-        source = "cache"
-        data = _load(path) if use_cached_graphs else None
-    if data is not None:
-        loaded_from = source
-        if verbose:
-            print(
-                f"[mirage] superoptimize: loaded {len(data['candidates'])} candidates from {path}",
-                file=sys.stderr,
-            )
-    else:
-        loaded_from = None
-        raw = search_candidates(
-            graph, settings, time_budget=time_budget, num_threads=num_threads, verbose=verbose
-        )
-        data = {
-            "format": _CACHE_FORMAT,
-            "version": _CACHE_VERSION,
-            "mirage_version": _core.__version__,
-            "graph_hash": graph_hash,
-            "settings": settings,
-            "candidates": [
-                {**{k: v for k, v in c.items() if k != "graph"}, "graph": json.loads(c["graph"])}
-                for c in raw["candidates"]
-            ],
-            "stats": raw["stats"],
-            "stopped": raw["stopped"],
-            "empty_reason": raw["empty_reason"],
-            "profiled": {},
-        }
-        # An interrupted search is not the answer to these settings: only a checkpoint, which
-        # the caller named explicitly, keeps it.
-        if checkpoint is not None or (use_cached_graphs and raw["stopped"] is None):
-            _save(path, data)
+    data, path, loaded_from = _results(
+        graph, settings, checkpoint, folder, use_cached_graphs, time_budget, num_threads, verbose
+    )
 
     cands, unstable_only = _eligible(data["candidates"])
     if not cands:
@@ -748,7 +889,7 @@ def superoptimize(
 
         dev_key = (
             f"{torch.cuda.get_device_name(device)}|sm{_cuda.default_arch()}|"
-            f"{warmup_iters}|{profile_iters}|{','.join(hashes)}"
+            f"{warmup_iters}|{profile_iters}|{','.join(hashes)}|{_switches_tag()}"
         )
         prof = data.setdefault("profiled", {}).get(dev_key)
         if prof is not None and prof.get("winner") in hashes:

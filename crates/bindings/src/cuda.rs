@@ -110,6 +110,12 @@ fn nvrtc_compile<'py>(py: Python<'py>, source: String, arch: u32) -> PyResult<Bo
     Ok(PyBytes::new(py, &cubin))
 }
 
+/// Forgets the CUBINs compiled in this process (the on-disk cache stays).
+#[pyfunction]
+fn nvrtc_clear_memory_cache() {
+    nvrtc::clear_memory_cache();
+}
+
 /// A kernel graph compiled for and loaded on one CUDA device.
 #[pyclass(module = "mirage._core")]
 pub struct CudaExecutable {
@@ -257,6 +263,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_generate, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_compile, m)?)?;
     m.add_function(wrap_pyfunction!(nvrtc_compile, m)?)?;
+    m.add_function(wrap_pyfunction!(nvrtc_clear_memory_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_resources, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_sass, m)?)?;
     m.add_function(wrap_pyfunction!(zoo_json, m)?)?;

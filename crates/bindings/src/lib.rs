@@ -28,5 +28,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_NUMEL", mirage::limits::MAX_NUMEL)?;
     m.add("MAX_RUN_NUMEL", mirage::limits::MAX_RUN_NUMEL)?;
     m.add("MAX_RUN_BLOCKS", mirage::limits::MAX_RUN_BLOCKS)?;
+    // SHA-256 of the sources behind search results and generated code (see build.rs).
+    m.add("__build_hash__", env!("MIRAGE_BUILD_HASH"))?;
     Ok(())
 }

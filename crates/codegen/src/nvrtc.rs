@@ -1,6 +1,7 @@
 //! Compiling generated CUDA to CUBIN with NVRTC: library and header discovery, compilation
 //! for an exact architecture, and an in-memory plus on-disk cache keyed by source hash, arch,
-//! NVRTC version and options.
+//! NVRTC version and options. A disk entry carries its CUBIN's length and SHA-256: one that
+//! does not match is compiled again and overwritten, never loaded.
 //!
 //! Library discovery (first that loads): `MIRAGE_NVRTC_PATH` (a file or a folder), paths
 //! given to [`configure`] (the Python package passes the nvidia pip packages next to torch),
@@ -296,9 +297,63 @@ pub fn disk_cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("mirage").join("cubin"))
 }
 
-/// The cache key of a compile.
+/// Forgets the CUBINs held in memory (the on-disk cache stays): the next compile of each
+/// source reads its disk entry, or compiles it again.
+pub fn clear_memory_cache() {
+    if let Ok(mut m) = mem_cache().lock() {
+        m.clear();
+    }
+}
+
+/// The first bytes of an on-disk cache entry; the digit is the entry layout's version.
+const ENTRY_MAGIC: &[u8; 16] = b"mirage-cubin\0v1\0";
+/// Bytes before an entry's CUBIN: the magic, the CUBIN's length (u64, little-endian) and its
+/// SHA-256.
+const ENTRY_HEADER: usize = ENTRY_MAGIC.len() + 8 + 32;
+
+/// The on-disk cache entry of `cubin`: a header (magic, length, SHA-256 of the CUBIN), then
+/// the CUBIN.
+pub fn encode_cache_entry(cubin: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ENTRY_HEADER + cubin.len());
+    out.extend_from_slice(ENTRY_MAGIC);
+    out.extend_from_slice(&(cubin.len() as u64).to_le_bytes());
+    out.extend_from_slice(&Sha256::digest(cubin));
+    out.extend_from_slice(cubin);
+    out
+}
+
+/// The CUBIN of an on-disk cache entry, or why the entry is unusable (another layout, a
+/// truncated or extended file, a digest mismatch, a payload that is not an ELF image).
+pub fn decode_cache_entry(bytes: &[u8]) -> std::result::Result<&[u8], &'static str> {
+    if bytes.len() < ENTRY_HEADER {
+        return Err("shorter than the entry header");
+    }
+    let (magic, rest) = bytes.split_at(ENTRY_MAGIC.len());
+    if magic != ENTRY_MAGIC {
+        return Err("not a mirage CUBIN cache entry of this layout");
+    }
+    let (len, rest) = rest.split_at(8);
+    let (digest, cubin) = rest.split_at(32);
+    let mut len_bytes = [0u8; 8];
+    len_bytes.copy_from_slice(len);
+    if u64::from_le_bytes(len_bytes) != cubin.len() as u64 {
+        return Err("length does not match the header (truncated or extended)");
+    }
+    if Sha256::digest(cubin).as_slice() != digest {
+        return Err("SHA-256 does not match the header (corrupted)");
+    }
+    if !cubin.starts_with(b"\x7fELF") {
+        return Err("payload is not an ELF image");
+    }
+    Ok(cubin)
+}
+
+/// The cache key of a compile: the source (which holds the runtime header), the arch, the
+/// NVRTC version, the options, the entry layout and this crate's version.
 fn cache_key(source: &str, arch: u32, info: &NvrtcInfo, opts: &[String]) -> String {
     let mut h = Sha256::new();
+    h.update(ENTRY_MAGIC);
+    h.update(concat!("mirage-codegen ", env!("CARGO_PKG_VERSION"), "\0").as_bytes());
     h.update(source.as_bytes());
     h.update(format!("\0sm_{arch}\0nvrtc {}.{}\0", info.version.0, info.version.1).as_bytes());
     // Include folders only matter through their contents' version; options without them.
@@ -319,8 +374,11 @@ pub fn compile(source: &str, arch: u32) -> Result<Arc<Vec<u8>>> {
         return Ok(c);
     }
     let disk = disk_cache_dir().map(|d| d.join(format!("{key}.cubin")));
-    if let Some(bytes) = disk.as_ref().and_then(|p| std::fs::read(p).ok()).filter(|b| !b.is_empty()) {
-        let c = Arc::new(bytes);
+    // An entry that fails its checks (truncated, corrupted, another layout) is compiled again
+    // and overwritten; it is never loaded.
+    let entry = disk.as_ref().and_then(|p| std::fs::read(p).ok());
+    if let Some(cubin) = entry.as_deref().and_then(|b| decode_cache_entry(b).ok()) {
+        let c = Arc::new(cubin.to_vec());
         if let Ok(mut m) = mem_cache().lock() {
             m.insert(key, c.clone());
         }
@@ -331,9 +389,13 @@ pub fn compile(source: &str, arch: u32) -> Result<Arc<Vec<u8>>> {
         // Best effort: a cache that cannot be written is not an error.
         if let Some(dir) = p.parent() {
             if std::fs::create_dir_all(dir).is_ok() {
-                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, cubin.as_slice()).is_ok() {
-                    let _ = std::fs::rename(&tmp, &p);
+                // A file of this write alone (threads of one process may write the same key),
+                // renamed into place: a reader sees the old entry or the whole new one.
+                static WRITES: AtomicU64 = AtomicU64::new(0);
+                let n = WRITES.fetch_add(1, Ordering::Relaxed);
+                let tmp = p.with_extension(format!("tmp{}-{n}", std::process::id()));
+                if std::fs::write(&tmp, encode_cache_entry(&cubin)).is_err() || std::fs::rename(&tmp, &p).is_err() {
+                    let _ = std::fs::remove_file(&tmp);
                 }
             }
         }
@@ -440,4 +502,70 @@ fn program_log(prog: &Prog) -> Result<String> {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cubin() -> Vec<u8> {
+        let mut c = b"\x7fELF".to_vec();
+        c.extend((0u8..200).map(|i| i.wrapping_mul(37)));
+        c
+    }
+
+    #[test]
+    fn an_entry_decodes_to_its_cubin() {
+        let c = cubin();
+        let e = encode_cache_entry(&c);
+        assert_eq!(e.len(), ENTRY_HEADER + c.len());
+        assert_eq!(decode_cache_entry(&e), Ok(c.as_slice()));
+    }
+
+    #[test]
+    fn a_truncated_or_extended_entry_is_refused() {
+        let e = encode_cache_entry(&cubin());
+        for n in [0, 1, ENTRY_HEADER - 1, ENTRY_HEADER, e.len() - 1] {
+            assert!(decode_cache_entry(&e[..n]).is_err(), "{n} bytes");
+        }
+        let mut longer = e.clone();
+        longer.push(0);
+        assert!(decode_cache_entry(&longer).is_err());
+    }
+
+    #[test]
+    fn a_flipped_byte_anywhere_is_refused() {
+        let e = encode_cache_entry(&cubin());
+        for i in 0..e.len() {
+            let mut bad = e.clone();
+            bad[i] ^= 0x10;
+            assert!(decode_cache_entry(&bad).is_err(), "byte {i}");
+        }
+    }
+
+    #[test]
+    fn a_raw_cubin_or_a_non_elf_payload_is_refused() {
+        let c = cubin();
+        assert!(decode_cache_entry(&c).is_err());
+        let e = encode_cache_entry(b"not an ELF image at all, but long enough");
+        assert_eq!(decode_cache_entry(&e), Err("payload is not an ELF image"));
+    }
+
+    #[test]
+    fn the_key_follows_source_arch_version_and_options() {
+        let info = NvrtcInfo { version: (13, 0), library: None, include_dirs: vec![PathBuf::from("/a")] };
+        let opts = options(90, &info);
+        let k = cache_key("src", 90, &info, &opts);
+        assert_eq!(k, cache_key("src", 90, &info, &opts));
+        assert_ne!(k, cache_key("src2", 90, &info, &opts));
+        assert_ne!(k, cache_key("src", 80, &info, &options(80, &info)));
+        let newer = NvrtcInfo { version: (13, 1), ..info.clone() };
+        assert_ne!(k, cache_key("src", 90, &newer, &opts));
+        let mut more = opts.clone();
+        more.push("-G".into());
+        assert_ne!(k, cache_key("src", 90, &info, &more));
+        // Include folders count through NVRTC's version only.
+        let elsewhere = NvrtcInfo { include_dirs: vec![PathBuf::from("/b")], ..info.clone() };
+        assert_eq!(k, cache_key("src", 90, &elsewhere, &options(90, &elsewhere)));
+    }
 }

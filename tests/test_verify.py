@@ -57,3 +57,45 @@ def test_graphs_with_other_inputs_cannot_be_compared() -> None:
 def test_verify_needs_kernel_graphs() -> None:
     with pytest.raises(TypeError, match="kernel graph"):
         mi.verify(rmsnorm_linear_plain(), "not a graph")  # type: ignore[arg-type]
+
+
+def concat_graph(scale_x: bool) -> mi.KNGraph:
+    """``[A (16, 511), X (16, 1), B (16, 512)]`` concatenated along dim 1, ``X`` doubled or not."""
+    g = mi.new_kernel_graph()
+    ins = [g.new_input(dims=(16, c), dtype=mi.float16) for c in (511, 1, 512)]
+    tb = mi.new_threadblock_graph(
+        grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=1, reduction_dimx=64
+    )
+    a, x, b = (tb.new_input(t, input_map=(-1, -1, -1), forloop_dim=-1) for t in ins)
+    if scale_x:
+        x = tb.mul_scalar(x, 2.0)
+    tb.new_output(tb.concat(tb.concat(a, x, 1), b, 1), output_map=(-1, -1, -1))
+    (out,) = g.customized(ins, tb)
+    g.mark_output(out)
+    return g
+
+
+def test_one_interior_column_is_caught_by_every_element_coverage() -> None:
+    reference, candidate = concat_graph(False), concat_graph(True)
+    for seed in range(5):
+        v = mi.verify(reference, candidate, seed=seed)
+        assert not v.equivalent, str(v)
+        assert v.counterexample["index"][1] == 511
+    # The sampled check compares a few elements only: it misses the column, and says its
+    # bound is per compared element.
+    v = mi.verify(reference, candidate, coverage="sampled", float_check=False)
+    assert v.equivalent and v.coverage == "sampled"
+    assert v.bound_scope == "compared element"
+    assert "per compared element only" in str(v) and "not a bound for the candidate" in str(v)
+
+
+def test_every_element_verdict_bounds_the_candidate() -> None:
+    v = mi.verify(rmsnorm_linear_plain(), rmsnorm_linear_fused())
+    assert v.equivalent and v.coverage == "every" and v.bound_scope == "candidate"
+    assert v.samples == v.trials * 8 * 128
+    assert "for the candidate" in str(v)
+
+
+def test_an_unknown_coverage_is_refused() -> None:
+    with pytest.raises(ValueError, match="coverage"):
+        mi.verify(rmsnorm_linear_plain(), rmsnorm_linear_fused(), coverage="most")  # type: ignore[arg-type]

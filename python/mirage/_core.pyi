@@ -142,6 +142,7 @@ def verify(
     trials: int | None = None,
     float_check: bool = True,
     allow_non_lax: bool = False,
+    coverage: str = "every",
 ) -> dict[str, object]: ...
 
 # --- Search (crates/bindings/src/search.rs) ---

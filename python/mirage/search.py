@@ -505,28 +505,10 @@ def _results(
                 file=sys.stderr,
             )
         return data, path, source
-    raw = search_candidates(
-        graph, settings, time_budget=time_budget, num_threads=num_threads, verbose=verbose
-    )
-    data = {
-        "format": _CACHE_FORMAT,
-        "schema": _CACHE_SCHEMA,
-        "key": key,
-        **_producer(),
-        "graph_hash": graph_hash,
-        "settings": settings,
-        "candidates": [
-            {**{k: v for k, v in c.items() if k != "graph"}, "graph": json.loads(c["graph"])}
-            for c in raw["candidates"]
-        ],
-        "stats": raw["stats"],
-        "stopped": raw["stopped"],
-        "empty_reason": raw["empty_reason"],
-        "profiled": {},
-    }
+    data = _fresh_data(graph, graph_hash, key, settings, time_budget, num_threads, verbose)
     # An interrupted search is not the answer to these settings: only a checkpoint, which
     # the caller named explicitly, keeps it.
-    if checkpoint is not None or (use_cached_graphs and raw["stopped"] is None):
+    if checkpoint is not None or (use_cached_graphs and data["stopped"] is None):
         _save(path, data)
     return data, path, None
 
@@ -769,6 +751,188 @@ def _profile(
     return best, timings, skipped, phases, finals
 
 
+# ------------------------------------------------------------------ confirming the winner
+def _fresh_data(
+    graph: KNGraph,
+    graph_hash: str,
+    key: str,
+    settings: Mapping[str, Any],
+    time_budget: float | None,
+    num_threads: int | None,
+    verbose: bool,
+) -> dict[str, Any]:
+    """Runs the search and returns its results as a cache entry (see ``_entry_problem``)."""
+    raw = search_candidates(
+        graph, settings, time_budget=time_budget, num_threads=num_threads, verbose=verbose
+    )
+    return {
+        "format": _CACHE_FORMAT,
+        "schema": _CACHE_SCHEMA,
+        "key": key,
+        **_producer(),
+        "graph_hash": graph_hash,
+        "settings": dict(settings),
+        "candidates": [
+            {**{k: v for k, v in c.items() if k != "graph"}, "graph": json.loads(c["graph"])}
+            for c in raw["candidates"]
+        ],
+        "stats": raw["stats"],
+        "stopped": raw["stopped"],
+        "empty_reason": raw["empty_reason"],
+        "profiled": {},
+    }
+
+
+def _confirm(reference: KNGraph, candidate: KNGraph) -> str | None:
+    """The every-element finite-field check of a candidate about to be returned (the search
+    prunes with sampled elements, whose bound holds only per compared element). None when it
+    passes, or when the field check cannot judge the pair (two exponentials on a path: the
+    search's float check stands); otherwise why it failed."""
+    from .verify import verify
+
+    try:
+        v = verify(reference, candidate, float_check=False, coverage="every")
+    except ValueError as e:
+        return None if "not LAX" in str(e) else str(e)
+    return None if v.equivalent else str(v)
+
+
+def _first_confirmed(
+    reference: KNGraph,
+    graphs: list[KNGraph],
+    cands: list[dict[str, Any]],
+    order: list[int],
+    verbose: bool,
+) -> tuple[int | None, dict[str, Any]]:
+    """The first candidate of ``order`` (indices, best first) that passes :func:`_confirm`;
+    the ones dropped on the way are warned about. Returns it (None when none passes) and
+    ``{"rejected": [hashes], "seconds": wall time}``."""
+    t0 = time.perf_counter()
+    rejected: list[str] = []
+    for i in order:
+        why = _confirm(reference, graphs[i])
+        if why is None:
+            if verbose:
+                print(
+                    f"[mirage] candidate {i} ({cands[i]['hash'][:12]}): every-element check "
+                    f"passed in {time.perf_counter() - t0:.2f} s",
+                    file=sys.stderr,
+                )
+            return i, {"rejected": rejected, "seconds": time.perf_counter() - t0}
+        rejected.append(cands[i]["hash"])
+        warnings.warn(
+            f"superoptimize: candidate {i} ({cands[i]['hash'][:12]}) is not equivalent to the "
+            f"input graph on every output element and is dropped: {why}",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+    return None, {"rejected": rejected, "seconds": time.perf_counter() - t0}
+
+
+def _profiled_order(
+    cands: list[dict[str, Any]],
+    graphs: list[KNGraph],
+    data: dict[str, Any],
+    device: int,
+    profiling: tuple[int, int],
+    save_to: str | None,
+    verbose: bool,
+) -> tuple[list[int], dict[str, Any]]:
+    """Times the top candidates on the GPU (or reuses the cached timings); returns the
+    candidate indices fastest first (untimed ones after, cheapest first) and the selection
+    record."""
+    warmup_iters, profile_iters = profiling
+    pool = list(range(min(PROFILE_TOP_N, len(cands))))
+    hashes = [cands[i]["hash"] for i in pool]
+    import torch
+
+    dev_key = (
+        f"{torch.cuda.get_device_name(device)}|sm{_cuda.default_arch()}|"
+        f"{warmup_iters}|{profile_iters}|{','.join(hashes)}|{_switches_tag()}"
+    )
+    prof = data.setdefault("profiled", {}).get(dev_key)
+    if prof is not None and prof.get("winner") in hashes:
+        selection = {"method": "profiled (cached)", **prof}
+    else:
+        best, timings, skipped, phases, finals = _profile(
+            [graphs[i] for i in pool], hashes, device, warmup_iters, profile_iters, verbose
+        )
+        if best is None:
+            warnings.warn(
+                "superoptimize: no candidate compiled and ran on the GPU; returning the "
+                f"cheapest by the cost model ({skipped})",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+            selection = {
+                "method": "cost_model",
+                "reason": "profiling failed",
+                "skipped": skipped,
+                "phase_seconds": phases,
+            }
+            return list(range(len(cands))), selection
+        prof = {"winner": hashes[best], "timings_us": timings, "skipped": skipped}
+        prof["finalists"] = finals
+        selection = {"method": "profiled", **prof, "phase_seconds": phases}
+        data["profiled"][dev_key] = prof
+        if save_to is not None:
+            _save(save_to, data)
+    timings = prof.get("timings_us", {})
+    timed = sorted((i for i in pool if hashes[i] in timings), key=lambda i: timings[hashes[i]])
+    first = hashes.index(prof["winner"])
+    order = [first] + [i for i in timed if i != first]
+    return order + [i for i in range(len(cands)) if i not in order], selection
+
+
+def _choose(
+    reference: KNGraph,
+    data: dict[str, Any],
+    settings: Mapping[str, Any],
+    backend: str,
+    profiling: tuple[int, int],
+    save_to: str | None,
+    verbose: bool,
+) -> (
+    tuple[int, list[dict[str, Any]], list[KNGraph], dict[str, Any], int, dict[str, Any], Any] | None
+):
+    """Picks the winner among ``data``'s candidates (cost model, or GPU timings) and confirms
+    it with the every-element check, dropping failures for the next best. Returns (winner,
+    candidates, their graphs, selection record, candidates considered, confirm record, CUDA
+    device or None), or None when no candidate passes the check."""
+    cands, unstable_only = _eligible(data["candidates"])
+    if not cands:
+        restricted = {
+            k: v
+            for k, v in settings.items()
+            if k in ("griddims", "blockdims", "imaps", "omaps", "fmaps", "franges")
+        }
+        why = data.get("empty_reason") or "no candidate passed verification"
+        hint = f"; the restrictions {restricted} may exclude every µGraph" if restricted else ""
+        raise SearchError(f"superoptimize found no usable µGraph: {why}{hint}")
+    if unstable_only:
+        warnings.warn(
+            "superoptimize: no candidate is numerically stable in its dtype; returning one that "
+            f"is equivalent but may overflow ({cands[0].get('verification_reason')})",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    device, no_gpu = _cuda_device(backend)
+    graphs = [KNGraph(_core.KernelGraph.from_json(json.dumps(c["graph"]))) for c in cands]
+    if device is None:
+        order = list(range(len(cands)))
+        selection: dict[str, Any] = {"method": "cost_model", "reason": no_gpu}
+        considered = len(cands)
+    else:
+        order, selection = _profiled_order(cands, graphs, data, device, profiling, save_to, verbose)
+        considered = min(PROFILE_TOP_N, len(cands))
+    winner, confirm = _first_confirmed(reference, graphs, cands, order, verbose)
+    if winner is None:
+        return None
+    if confirm["rejected"] and selection["method"].startswith("profiled"):
+        selection = {**selection, "winner": cands[winner]["hash"]}
+    return winner, cands, graphs, selection, considered, confirm, device
+
+
 # ------------------------------------------------------------------ the API
 def superoptimize(
     graph: KNGraph,
@@ -857,75 +1021,29 @@ def superoptimize(
         graph, settings, checkpoint, folder, use_cached_graphs, time_budget, num_threads, verbose
     )
 
-    cands, unstable_only = _eligible(data["candidates"])
-    if not cands:
-        restricted = {
-            k: v
-            for k, v in settings.items()
-            if k in ("griddims", "blockdims", "imaps", "omaps", "fmaps", "franges")
-        }
-        why = data.get("empty_reason") or "no candidate passed verification"
-        hint = f"; the restrictions {restricted} may exclude every µGraph" if restricted else ""
-        raise SearchError(f"superoptimize found no usable µGraph: {why}{hint}")
-    if unstable_only:
+    save = checkpoint is not None or use_cached_graphs
+    profiling = (warmup_iters, profile_iters)
+    choice = _choose(graph, data, settings, backend, profiling, path if save else None, verbose)
+    if choice is None and loaded_from is not None:
         warnings.warn(
-            "superoptimize: no candidate is numerically stable in its dtype; returning one that "
-            f"is equivalent but may overflow ({cands[0].get('verification_reason')})",
+            f"superoptimize: no candidate from the {loaded_from} ({path}) passed the "
+            "every-element equivalence check; searching again",
             RuntimeWarning,
             stacklevel=3,
         )
-
-    device, no_gpu = _cuda_device(backend)
-    graphs = [KNGraph(_core.KernelGraph.from_json(json.dumps(c["graph"]))) for c in cands]
-    selection: dict[str, Any]
-    if device is None:
-        winner = 0
-        selection = {"method": "cost_model", "reason": no_gpu}
-        considered = len(cands)
-    else:
-        pool = list(range(min(PROFILE_TOP_N, len(cands))))
-        hashes = [cands[i]["hash"] for i in pool]
-        import torch
-
-        dev_key = (
-            f"{torch.cuda.get_device_name(device)}|sm{_cuda.default_arch()}|"
-            f"{warmup_iters}|{profile_iters}|{','.join(hashes)}|{_switches_tag()}"
+        loaded_from = None
+        graph_hash = graph.hash()
+        key = _cache_key(graph_hash, settings)
+        data = _fresh_data(graph, graph_hash, key, settings, time_budget, num_threads, verbose)
+        if save and data["stopped"] is None:
+            _save(path, data)
+        choice = _choose(graph, data, settings, backend, profiling, path if save else None, verbose)
+    if choice is None:
+        raise SearchError(
+            "superoptimize found no usable µGraph: no candidate passed the every-element "
+            "equivalence check"
         )
-        prof = data.setdefault("profiled", {}).get(dev_key)
-        if prof is not None and prof.get("winner") in hashes:
-            winner = hashes.index(prof["winner"])
-            selection = {"method": "profiled (cached)", **prof}
-        else:
-            best, timings, skipped, phases, finals = _profile(
-                [graphs[i] for i in pool], hashes, device, warmup_iters, profile_iters, verbose
-            )
-            if best is None:
-                warnings.warn(
-                    "superoptimize: no candidate compiled and ran on the GPU; returning the "
-                    f"cheapest by the cost model ({skipped})",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                winner = 0
-                selection = {
-                    "method": "cost_model",
-                    "reason": "profiling failed",
-                    "skipped": skipped,
-                    "phase_seconds": phases,
-                }
-            else:
-                winner = best
-                prof = {
-                    "winner": hashes[best],
-                    "timings_us": timings,
-                    "skipped": skipped,
-                    "finalists": finals,
-                }
-                selection = {"method": "profiled", **prof, "phase_seconds": phases}
-                data["profiled"][dev_key] = prof
-                if checkpoint is not None or use_cached_graphs:
-                    _save(path, data)
-        considered = len(pool)
+    winner, cands, graphs, selection, considered, confirm, device = choice
 
     result = graphs[winner]
     chosen = cands[winner]
@@ -941,6 +1059,8 @@ def superoptimize(
             "winner": {
                 k: chosen[k] for k in ("hash", "cost", "verification", "customized_kernels")
             },
+            "confirm_rejected": confirm["rejected"],
+            "confirm_seconds": confirm["seconds"],
             "total_seconds": time.perf_counter() - t0,
         }
     )

@@ -1,6 +1,6 @@
 //! `mirage._core.verify`: the finite-field equivalence check, its verdict as a dict.
 
-use mirage::verify::{equivalent, Fragment, Numerics, Options, Verdict, VerifyError};
+use mirage::verify::{equivalent, Coverage, Fragment, Numerics, Options, Verdict, VerifyError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -9,9 +9,11 @@ use crate::interrupt::interruptible;
 use crate::kernel::KernelGraph;
 
 /// Checks whether `candidate` computes what `reference` computes; returns the verdict as a dict.
+/// `coverage` is `"every"` (every output element in every trial) or `"sampled"`.
 /// Ctrl-C stops the check and raises `KeyboardInterrupt`.
 #[pyfunction]
-#[pyo3(signature = (reference, candidate, seed=None, trials=None, float_check=true, allow_non_lax=false))]
+#[pyo3(signature = (reference, candidate, seed=None, trials=None, float_check=true, allow_non_lax=false, coverage="every"))]
+#[allow(clippy::too_many_arguments)]
 fn verify<'py>(
     py: Python<'py>,
     reference: &KernelGraph,
@@ -20,8 +22,16 @@ fn verify<'py>(
     trials: Option<usize>,
     float_check: bool,
     allow_non_lax: bool,
+    coverage: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = Options { trials, float_check, allow_non_lax, ..Options::default() };
+    let coverage = match coverage {
+        "every" => Coverage::Every,
+        "sampled" => Coverage::Sampled,
+        other => {
+            return Err(PyValueError::new_err(format!("verify: coverage must be 'every' or 'sampled', got {other:?}")))
+        }
+    };
+    let mut opts = Options { trials, float_check, allow_non_lax, coverage, ..Options::default() };
     if let Some(s) = seed {
         opts.seed = s;
     }
@@ -33,8 +43,9 @@ fn verify<'py>(
     .map_err(|e: VerifyError| PyValueError::new_err(e.to_string()))?;
     let d = PyDict::new(py);
     match verdict {
-        Verdict::Equivalent { trials, samples, tiles, false_accept_bound, lax, assignment, numerics } => {
+        Verdict::Equivalent { coverage, trials, samples, tiles, false_accept_bound, lax, assignment, numerics } => {
             d.set_item("equivalent", true)?;
+            d.set_item("coverage", coverage.name())?;
             d.set_item("trials", trials)?;
             d.set_item("samples", samples)?;
             d.set_item("tiles", tiles)?;

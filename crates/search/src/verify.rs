@@ -4,7 +4,9 @@
 //!
 //! 1. the finite-field verifier ([`mirage_verify::Verifier`]: random inputs in a prime
 //!    field, sampled output elements and one element per tile, a false-accept bound per
-//!    element below 1e-9), which also simulates the candidate in its own precision;
+//!    compared element below 1e-9: pruning only; `superoptimize` confirms the candidate it
+//!    returns on every output element, see docs/verifier.md), which also simulates the
+//!    candidate in its own precision;
 //! 2. an f64 float check on the same kind of lazily generated inputs (nothing of paper-sized
 //!    inputs is materialized), comparing a few random boxes of every output plus the last
 //!    corner with the interpreter's demand-driven [`mirage_ugraph::run_region`]. It is the

@@ -1,9 +1,14 @@
 //! Dense row-major tensors of any scalar domain and the tile kernels the interpreter uses.
 
+use rayon::prelude::*;
+
 use crate::error::{shape_err, Result};
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::scalar::Scalar;
 use crate::types::{numel, row_major_strides};
+
+/// Matmuls of at least this many multiply-adds run their output rows in parallel.
+const PARALLEL_MATMUL: usize = 1 << 22;
 
 /// A dense row-major tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,6 +92,20 @@ impl<S: Scalar> Tensor<S> {
         let mut dims = self.dims.clone();
         dims[r - 1] = n;
         let mut data = vec![S::zero(); batch * m * n];
+        if batch * m * n * k >= PARALLEL_MATMUL && n > 0 {
+            // One output row per task (whole-output verification multiplies 4096-wide weights).
+            data.par_chunks_mut(n).enumerate().for_each(|(row, crow)| {
+                let (bt, i) = (row / m, row % m);
+                let a = &self.data[(bt * m + i) * k..(bt * m + i + 1) * k];
+                let b = &o.data[bt * k * n..(bt + 1) * k * n];
+                for (kk, &av) in a.iter().enumerate() {
+                    for (cv, &bv) in crow.iter_mut().zip(&b[kk * n..(kk + 1) * n]) {
+                        *cv = cv.mul_acc(av, bv);
+                    }
+                }
+            });
+            return Tensor { dims, data };
+        }
         for bt in 0..batch {
             let a = &self.data[bt * m * k..(bt + 1) * m * k];
             let b = &o.data[bt * k * n..(bt + 1) * k * n];

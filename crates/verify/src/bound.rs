@@ -10,7 +10,8 @@
 //!
 //! and `t` independent trials with at most `b^t`. The default trial count is the smallest `t`
 //! with `b^t < 1e-9` ([`trials_for`]). `d` and `k` come from [`crate::lax`]. What the bound
-//! covers and what it does not is spelled out in the crate docs: it is per compared element.
+//! covers and what it does not is spelled out in the crate docs: per compared element under
+//! sampled coverage, for the whole candidate under every-element coverage.
 
 use crate::field::Q;
 

@@ -1,15 +1,17 @@
 //! The equivalence check: interface checks, the LAX check, then independent field trials on
-//! sampled output elements evaluated demand-driven ([`mirage_ugraph::run_region`]), output assignment by
-//! matching, and the float cross-check of an accepted candidate.
+//! sampled output elements evaluated demand-driven ([`mirage_ugraph::run_region`]) or on every output element
+//! ([`crate::every`]), output assignment by matching, and the float cross-check of an accepted
+//! candidate.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use mirage_ugraph::interp::Region;
-use mirage_ugraph::{run_region_with, Cancel, DType, KernelGraph};
+use mirage_ugraph::{run_region_with, Cancel, DType, KernelGraph, Tensor};
 
 use crate::bound::{per_trial, trials_for};
 use crate::error::VerifyError;
+use crate::every::{trial_inputs, Coverage, Outcome};
 use crate::field::{hash_words, Fp};
 use crate::float_check::{check_numerics, Numerics};
 use crate::inputs::FieldInputs;
@@ -24,7 +26,11 @@ pub struct Options {
     pub seed: u64,
     /// Number of trials; `None`: the smallest count whose bound `b^t` is below `target_bound`.
     pub trials: Option<usize>,
-    /// Target false-accept bound per compared element (default `1e-9`).
+    /// Which output elements each trial compares (default [`Coverage::Sampled`], the search's
+    /// pruning; [`Verifier::confirm`] always uses [`Coverage::Every`]).
+    pub coverage: Coverage,
+    /// Target false-accept bound `b^t` (default `1e-9`); see [`Verdict::Equivalent`] for what
+    /// it bounds under each coverage.
     pub target_bound: f64,
     /// Cap on the trial count derived from the bound (default 64).
     pub max_trials: usize,
@@ -53,6 +59,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             seed: 0x6d69_7261_6765,
+            coverage: Coverage::Sampled,
             trials: None,
             target_bound: 1e-9,
             max_trials: 64,
@@ -72,15 +79,21 @@ impl Default for Options {
 pub enum Verdict {
     /// Every compared element agreed in every trial under some output assignment.
     Equivalent {
+        /// Which elements were compared: with [`Coverage::Every`], all of them in every trial.
+        coverage: Coverage,
         /// Independent trials run.
         trials: usize,
         /// Output elements compared, over all trials and outputs.
         samples: usize,
         /// Tiles of the candidate's final customized ops that had an element compared, and how
-        /// many tiles were listed (at most `tile_samples` per output class).
+        /// many tiles were listed (at most `tile_samples` per output class); `(0, 0)` under
+        /// [`Coverage::Every`], which compares every element of every tile.
         tiles: (usize, usize),
-        /// `b^trials`: the bound on accepting, for one compared element, a candidate whose
-        /// value there differs as a function of the inputs (see the crate docs for its scope).
+        /// `b^trials`. Under [`Coverage::Every`]: the bound on accepting a candidate that
+        /// differs (as a function of the inputs, over LAX semantics) from the reference in at
+        /// least one output element under every output assignment. Under
+        /// [`Coverage::Sampled`]: only per compared element (a difference confined to elements
+        /// that were not compared is not covered). See the crate docs for its scope.
         false_accept_bound: f64,
         /// The pair's LAX report (fragment, degree `d`, exp count `k`).
         lax: LaxReport,
@@ -120,11 +133,11 @@ impl Verdict {
 
 /// A difference found at one element.
 #[derive(Debug, Clone)]
-struct Evidence {
-    trial: usize,
-    index: Vec<usize>,
-    reference: u32,
-    candidate: u32,
+pub(crate) struct Evidence {
+    pub(crate) trial: usize,
+    pub(crate) index: Vec<usize>,
+    pub(crate) reference: u32,
+    pub(crate) candidate: u32,
 }
 
 /// Output elements of one shape shared by reference and candidate outputs.
@@ -212,19 +225,22 @@ fn slot_indices<'a>(per_class: &'a [Vec<(Vec<usize>, bool)>], class_of: &[usize]
 
 /// Reference values cached across candidates: (trial, element per output) -> values.
 type Cache = HashMap<(usize, Vec<Vec<usize>>), Vec<Fp>>;
+/// Whole reference outputs cached across candidates, per trial.
+pub(crate) type FullCache = HashMap<usize, Arc<Vec<Tensor<Fp>>>>;
 
 /// A reference graph prepared for checking many candidates (the search's use): its LAX report
-/// and interface are computed once, and its sampled values are cached across candidates (the
-/// random inputs of trial `t` depend only on the seed, so they are the same for every
-/// candidate).
+/// and interface are computed once, and its sampled values and whole outputs are cached across
+/// candidates (the random inputs of trial `t` depend only on the seed, so they are the same for
+/// every candidate).
 pub struct Verifier {
-    reference: KernelGraph,
-    opts: Options,
+    pub(crate) reference: KernelGraph,
+    pub(crate) opts: Options,
     report: LaxReport,
-    in_dims: Vec<Vec<usize>>,
+    pub(crate) in_dims: Vec<Vec<usize>>,
     in_dtypes: Vec<DType>,
     out_dims: Vec<Vec<usize>>,
     cache: Mutex<Cache>,
+    pub(crate) full_cache: Mutex<FullCache>,
 }
 
 /// Most cached reference evaluations before the cache is cleared.
@@ -252,7 +268,16 @@ impl Verifier {
         if out_dims.is_empty() {
             return Err(VerifyError::Interface("the reference has no outputs".into()));
         }
-        Ok(Verifier { reference, opts, report, in_dims, in_dtypes, out_dims, cache: Mutex::new(HashMap::new()) })
+        Ok(Verifier {
+            reference,
+            opts,
+            report,
+            in_dims,
+            in_dtypes,
+            out_dims,
+            cache: Mutex::new(HashMap::new()),
+            full_cache: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The options in use.
@@ -303,8 +328,20 @@ impl Verifier {
         Ok(v)
     }
 
-    /// Compares `candidate` with the reference.
+    /// Compares `candidate` with the reference under the options' coverage.
     pub fn check(&self, candidate: &KernelGraph) -> Result<Verdict, VerifyError> {
+        self.check_with(candidate, self.opts.coverage)
+    }
+
+    /// Compares `candidate` with the reference on every output element in every trial
+    /// ([`Coverage::Every`]) whatever the options say: the check for a final decision, whose
+    /// bound holds for the candidate as a whole.
+    pub fn confirm(&self, candidate: &KernelGraph) -> Result<Verdict, VerifyError> {
+        self.check_with(candidate, Coverage::Every)
+    }
+
+    /// Compares `candidate` with the reference comparing the elements `coverage` says.
+    pub fn check_with(&self, candidate: &KernelGraph, coverage: Coverage) -> Result<Verdict, VerifyError> {
         let opts = &self.opts;
         let candidate = &candidate.revalidate()?;
         self.check_inputs(candidate)?;
@@ -318,20 +355,21 @@ impl Verifier {
 
         let cand_dims = output_dims(candidate);
         let mut classes = classes(&self.out_dims, &cand_dims)?;
-        let cand_ids = candidate.output_ids();
-        for (k, class) in classes.iter_mut().enumerate() {
-            for &c in &class.cands {
-                for t in tiles(candidate, cand_ids[c], opts.tile_samples, hash_words(&[opts.seed, k as u64])) {
-                    if !class.plan.tiles.contains(&t) {
-                        class.plan.tiles.push(t);
+        if coverage == Coverage::Sampled {
+            let cand_ids = candidate.output_ids();
+            for (k, class) in classes.iter_mut().enumerate() {
+                for &c in &class.cands {
+                    for t in tiles(candidate, cand_ids[c], opts.tile_samples, hash_words(&[opts.seed, k as u64])) {
+                        if !class.plan.tiles.contains(&t) {
+                            class.plan.tiles.push(t);
+                        }
                     }
                 }
+                class.plan.tiles.truncate(opts.tile_samples);
             }
-            class.plan.tiles.truncate(opts.tile_samples);
         }
         let n = self.out_dims.len();
         let mut ref_class = vec![0; n];
-        let mut cand_class = vec![0; n];
         let mut compat = vec![vec![false; n]; n];
         for (k, class) in classes.iter().enumerate() {
             for &r in &class.refs {
@@ -340,18 +378,60 @@ impl Verifier {
                     compat[r][c] = true;
                 }
             }
-            for &c in &class.cands {
-                cand_class[c] = k;
-            }
         }
         let mut evidence: Vec<Vec<Option<Evidence>>> = vec![vec![None; n]; n];
-        let mut samples = 0;
         let tiles_total: usize = classes.iter().map(|c| c.plan.tiles.len()).sum();
-        let mut tiles_compared = 0;
+        let outcome = match coverage {
+            Coverage::Sampled => self.sampled_trials(candidate, &classes, trials, &mut compat, &mut evidence)?,
+            Coverage::Every => (self.every_trials(candidate, trials, &mut compat, &mut evidence)?, 0),
+        };
+        let (samples, tiles_compared) = match outcome {
+            (Outcome::Unmatched(r), _) => return Ok(not_equivalent(r, &classes[ref_class[r]], &evidence[r])),
+            (Outcome::Compared(s), t) => (s, t),
+        };
+        let Some(assignment) = perfect_matching(&compat) else {
+            // Hall's condition fails: some reference output's candidates are all taken.
+            let r = (0..n).find(|&r| evidence[r].iter().any(Option::is_some)).unwrap_or(0);
+            return Ok(not_equivalent(r, &classes[ref_class[r]], &evidence[r]));
+        };
+        let numerics = if opts.float_check {
+            check_numerics(&self.reference, candidate, &assignment, opts)?
+        } else {
+            Numerics::NotChecked
+        };
+        Ok(Verdict::Equivalent {
+            coverage,
+            trials,
+            samples,
+            tiles: (tiles_compared, tiles_total),
+            false_accept_bound: b.powi(trials.min(i32::MAX as usize) as i32),
+            lax,
+            assignment,
+            numerics,
+        })
+    }
 
+    /// Runs `trials` sampled trials (see [`crate::sample`]), ruling out `compat[r][c]` at the
+    /// first compared element where they differ; returns how it ended and the tiles compared.
+    fn sampled_trials(
+        &self,
+        candidate: &KernelGraph,
+        classes: &[Class],
+        trials: usize,
+        compat: &mut [Vec<bool>],
+        evidence: &mut [Vec<Option<Evidence>>],
+    ) -> Result<(Outcome, usize), VerifyError> {
+        let opts = &self.opts;
+        let n = compat.len();
+        let mut ref_class = vec![0; n];
+        let mut cand_class = vec![0; n];
+        for (k, class) in classes.iter().enumerate() {
+            class.refs.iter().for_each(|&r| ref_class[r] = k);
+            class.cands.iter().for_each(|&c| cand_class[c] = k);
+        }
+        let (mut samples, mut tiles_compared) = (0, 0);
         for trial in 0..trials {
-            let w = Fp::generator(hash_words(&[opts.seed, trial as u64, 0x7767_656e]));
-            let src = FieldInputs::new(opts.seed, trial as u64, self.in_dims.clone(), w);
+            let src = trial_inputs(opts.seed, trial, &self.in_dims);
             let per_class: Vec<Vec<(Vec<usize>, bool)>> = classes
                 .iter()
                 .enumerate()
@@ -384,30 +464,12 @@ impl Verifier {
                         }
                     }
                     if !compat[r].iter().any(|&x| x) {
-                        return Ok(not_equivalent(r, &classes[ref_class[r]], &evidence[r]));
+                        return Ok((Outcome::Unmatched(r), tiles_compared));
                     }
                 }
             }
         }
-        let Some(assignment) = perfect_matching(&compat) else {
-            // Hall's condition fails: some reference output's candidates are all taken.
-            let r = (0..n).find(|&r| evidence[r].iter().any(Option::is_some)).unwrap_or(0);
-            return Ok(not_equivalent(r, &classes[ref_class[r]], &evidence[r]));
-        };
-        let numerics = if opts.float_check {
-            check_numerics(&self.reference, candidate, &assignment, opts)?
-        } else {
-            Numerics::NotChecked
-        };
-        Ok(Verdict::Equivalent {
-            trials,
-            samples,
-            tiles: (tiles_compared, tiles_total),
-            false_accept_bound: b.powi(trials.min(i32::MAX as usize) as i32),
-            lax,
-            assignment,
-            numerics,
-        })
+        Ok((Outcome::Compared(samples), tiles_compared))
     }
 }
 

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mirage_ugraph::{DType, Scalar, Source, Tensor};
+use rayon::prelude::*;
 
 use crate::field::{hash_words, reduce32, Fp, P, Q};
 use crate::lowp::round_to;
@@ -78,12 +79,35 @@ impl FieldInputs {
     }
 }
 
+/// Boxes of at least this many elements are hashed in parallel (whole-output evaluation reads
+/// inputs of up to 10^8 elements at once).
+const PARALLEL_READ: usize = 1 << 16;
+
 impl Source<Fp> for FieldInputs {
     fn read(&self, input: usize, off: &[usize], extent: &[usize]) -> Tensor<Fp> {
         let n: usize = extent.iter().product();
         self.reads.fetch_add(n as u64, Ordering::Relaxed);
-        let mut data = Vec::with_capacity(n);
-        for_each_flat(&self.dims[input], off, extent, |i| data.push(self.value(input, i)));
+        let dims = &self.dims[input];
+        let (r, row) = (extent.len(), extent.last().copied().unwrap_or(1));
+        if n < PARALLEL_READ || r == 0 || r > 4 || row == 0 {
+            let mut data = Vec::with_capacity(n);
+            for_each_flat(dims, off, extent, |i| data.push(self.value(input, i)));
+            return Tensor { dims: extent.to_vec(), data };
+        }
+        // One innermost row per task: row `j` of the box starts at the row-major position of
+        // its multi-index (in the box's leading dims) shifted by `off`.
+        let mut data = vec![Fp::default(); n];
+        data.par_chunks_mut(row).enumerate().for_each(|(j, out)| {
+            let (mut rest, mut flat, mut stride) = (j, off[r - 1], dims[r - 1]);
+            for d in (0..r - 1).rev() {
+                flat += (off[d] + rest % extent[d]) * stride;
+                rest /= extent[d];
+                stride *= dims[d];
+            }
+            for (k, x) in out.iter_mut().enumerate() {
+                *x = self.value(input, (flat + k) as u64);
+            }
+        });
         Tensor { dims: extent.to_vec(), data }
     }
 }
@@ -144,6 +168,19 @@ mod tests {
         assert_eq!(part, whole.slice(&[1, 2, 3], &[2, 2, 2]));
         let other = FieldInputs::new(7, 2, dims, Fp::generator(3)).read(0, &[0, 0, 0], &[3, 4, 5]);
         assert_ne!(whole, other);
+    }
+
+    #[test]
+    fn parallel_reads_agree_with_serial_ones() {
+        let dims = vec![vec![5, 70, 300]];
+        let src = FieldInputs::new(7, 1, dims, Fp::generator(3));
+        let big = src.read(0, &[1, 3, 7], &[4, 60, 290]);
+        assert!(big.data.len() >= PARALLEL_READ);
+        for (o, e) in [([1, 3, 7], [1, 1, 290]), ([4, 62, 7], [1, 1, 290]), ([2, 10, 100], [2, 3, 5])] {
+            let small = src.read(0, &o, &e);
+            let rel: Vec<usize> = o.iter().zip([1, 3, 7]).map(|(a, b)| a - b).collect();
+            assert_eq!(small, big.slice(&rel, &e));
+        }
     }
 
     #[test]

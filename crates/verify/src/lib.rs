@@ -62,6 +62,7 @@
 pub mod bound;
 pub mod check;
 pub mod error;
+pub mod every;
 pub mod field;
 pub mod float_check;
 pub mod inputs;
@@ -72,6 +73,7 @@ pub mod sample;
 
 pub use check::{equivalent, Options, Verdict, Verifier};
 pub use error::VerifyError;
+pub use every::Coverage;
 pub use field::Fp;
 pub use float_check::Numerics;
 pub use lax::{analyze, Fragment, LaxReport};

@@ -75,3 +75,31 @@ fn ntrans_is_stable_in_fp16_with_f32_accumulation() {
         other => panic!("expected an equivalent, stable verdict, got {other:?}"),
     }
 }
+
+/// Time per candidate at the paper's shapes under both coverages, on a fresh verifier (no cached
+/// reference values) and on one that already checked the candidate once (reference cached).
+/// Run: `cargo test --release -p mirage-verify --test paper_pairs -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing report, not a check"]
+fn paper_shapes_time_per_candidate() {
+    use mirage_verify::{Coverage, Verifier};
+    for p in zoo::paper_workloads(1).unwrap() {
+        let mut line = format!("{:<16}", p.name);
+        for coverage in [Coverage::Sampled, Coverage::Every] {
+            let opts = Options { coverage, float_check: false, ..Options::default() };
+            let v = Verifier::new(&p.reference, opts).unwrap();
+            let t = Instant::now();
+            let first = v.check(&p.ugraph).unwrap();
+            let cold = t.elapsed().as_secs_f64() * 1e3;
+            let t = Instant::now();
+            v.check(&p.ugraph).unwrap();
+            let warm = t.elapsed().as_secs_f64() * 1e3;
+            let Verdict::Equivalent { trials, samples, .. } = first else { panic!("{}: {first:?}", p.name) };
+            line += &format!(
+                "  {}: {cold:>9.1} ms cold {warm:>9.1} ms warm ({trials} trials, {samples} elements)",
+                coverage.name()
+            );
+        }
+        println!("{line}");
+    }
+}

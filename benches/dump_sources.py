@@ -13,7 +13,9 @@ generator refuses gets a ``.err`` file with the message instead. No GPU is neede
     # ... change the code generator, rebuild, dump again to /tmp/after ...
     .venv/bin/python benches/dump_sources.py diff /tmp/before /tmp/after
 
-``diff`` lists the files that differ or exist on one side only and exits 1 if any does.
+``diff`` lists the files that differ or exist on one side only and exits 1 if any does; with
+``--kernels`` it compares only what follows the runtime header in each source (the generated
+kernels themselves), for a change of the header that leaves every kernel's own code as it was.
 """
 
 from __future__ import annotations
@@ -62,9 +64,22 @@ def dump(out: str, folders: Sequence[str], archs: Sequence[int]) -> int:
     return len({h for h, _ in done})
 
 
-def diff(a: str, b: str, context: int = 3, show: int = 3) -> list[str]:
-    """Names of the files that differ between two dumps or exist in one only; prints the first
-    ``show`` differences as unified diffs."""
+#: The line that ends the runtime header in a generated source.
+KERNELS_MARK = (
+    "// ---------------------------------------------------------------- generated kernels"
+)
+
+
+def kernels_part(text: str) -> str:
+    """What follows the runtime header in a generated source (all of it when unmarked)."""
+    at = text.find(KERNELS_MARK)
+    return text if at < 0 else text[at:]
+
+
+def diff(a: str, b: str, context: int = 3, show: int = 3, kernels: bool = False) -> list[str]:
+    """Names of the files that differ between two dumps or exist in one only (with
+    ``kernels``, compared after the runtime header); prints the first ``show`` differences as
+    unified diffs."""
     names_a, names_b = set(os.listdir(a)), set(os.listdir(b))
     bad = sorted(names_a ^ names_b)
     shown = 0
@@ -73,6 +88,8 @@ def diff(a: str, b: str, context: int = 3, show: int = 3) -> list[str]:
             ta = f.read()
         with open(os.path.join(b, name), encoding="utf-8") as f:
             tb = f.read()
+        if kernels:
+            ta, tb = kernels_part(ta), kernels_part(tb)
         if ta != tb:
             bad.append(name)
             if shown < show:
@@ -99,12 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("diff", help="compare two dumps")
     c.add_argument("a")
     c.add_argument("b")
+    c.add_argument("--kernels", action="store_true", help="compare after the runtime header")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
         n = dump(args.out, args.graphs, args.arch or [80, 90])
         print(f"dumped {n} graphs into {args.out}")
         return 0
-    bad = diff(args.a, args.b)
+    bad = diff(args.a, args.b, kernels=args.kernels)
     total = len(set(os.listdir(args.a)) | set(os.listdir(args.b)))
     print(f"{len(bad)} of {total} files differ" + (": " + ", ".join(bad[:20]) if bad else ""))
     return 1 if bad else 0

@@ -17,7 +17,7 @@ def sanitize() -> ModuleType:
 RACE = """\
 ========= Potential WAW hazard (invalid memcpy_async synchronization) at 0x5c0 in void \
 mi::FlashRows<1, 8, false>::save<128>(float *, int) const
-=========     Write Thread (0,0,0) at 0x9a0 in void mi::cp_async16<(bool)0>(void *, const void *)
+=========     Write Thread (483,0,0) at mi::cp_async16<(bool)0>(void *, const void *)+0x16070 in x.cu:159
 ========= Potential WAW hazard (invalid memcpy_async synchronization) at 0x5c0 in void \
 mi::FlashRows<1, 8, false>::save<128>(float *, int) const
 ========= RACECHECK SUMMARY: 17342 hazards displayed (17340 errors, 2 warnings)
@@ -29,12 +29,13 @@ def test_racecheck_summary_counts_errors_warnings_and_functions(sanitize):
     assert r["errors"] == 17340 and r["warnings"] == 2
     assert r["functions"][0] == "mi::FlashRows<1, 8, false>::save<128>"
     assert "mi::cp_async16<(bool)0>" in r["functions"]
+    assert r["kinds"] == {"WAW": 2}
 
 
 @pytest.mark.parametrize("n", [0, 3])
 def test_memcheck_summary(sanitize, n):
     r = sanitize.parse_report(f"noise\n========= ERROR SUMMARY: {n} errors\n")
-    assert r == {"errors": n, "warnings": 0, "functions": []}
+    assert r == {"errors": n, "warnings": 0, "functions": [], "kinds": {}}
 
 
 def test_no_summary_is_not_clean(sanitize):

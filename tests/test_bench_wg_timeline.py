@@ -12,7 +12,7 @@ import pytest
 from conftest import gpu_script, nvrtc_or_skip
 from mirage import _core, _cuda
 
-SAVED = Path(__file__).parent.parent / "benches/gpu/results/h200-2026-11-29-s47/all-graphs"
+SAVED = Path(__file__).parent.parent / "benches/gpu/results/h200-2026-11-29-s50/all-graphs"
 
 
 @pytest.fixture(scope="module")

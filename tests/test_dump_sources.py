@@ -52,3 +52,16 @@ def test_dump_is_stable_and_diff_finds_a_changed_kernel(tool, tmp_path, capsys):
     bad = tool.diff(a, b)
     assert name in bad and len(bad) == 2
     assert "+// changed" in capsys.readouterr().out
+    # A change inside the runtime header alone is not a kernel's change.
+    c = str(tmp_path / "c")
+    tool.dump(c, [str(graphs)], [90])
+    name = min(os.listdir(c))
+    with open(os.path.join(c, name), encoding="utf-8") as f:
+        text = f.read()
+    assert tool.KERNELS_MARK in text
+    with open(os.path.join(c, name), "w", encoding="utf-8") as f:
+        f.write(text.replace("namespace mi {", "namespace mi {\n// header", 1))
+    ref = str(tmp_path / "ref")
+    tool.dump(ref, [str(graphs)], [90])
+    assert tool.diff(ref, c) == [name]
+    assert tool.diff(ref, c, kernels=True) == []

@@ -36,7 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TOOLS = ("memcheck", "racecheck", "synccheck")
 _SUMMARY = re.compile(r"(ERROR|RACECHECK) SUMMARY: (\d+) (?:errors|hazards displayed)")
 _RACE_COUNTS = re.compile(r"\((\d+) errors?, (\d+) warnings?\)")
-_FUNC_START = re.compile(r"in (?:void )?(?=mi::|mi_k)")
+_FUNC_START = re.compile(r"(?:at|in) (?:void )?(?=mi::|mi_k)")
+_KIND = re.compile(r"(?:Potential )?([A-Z]{3}) hazard|Race reported between (\w+) access")
 
 
 def _functions(text: str) -> list[str]:
@@ -74,7 +75,10 @@ def parse_report(text: str) -> dict[str, Any]:
     for f in _functions(text):
         funcs[f] = funcs.get(f, 0) + 1
     top = sorted(funcs, key=lambda k: -funcs[k])[:8]
-    return {"errors": errors, "warnings": warnings, "functions": top}
+    kinds: dict[str, int] = {}
+    for a, b in _KIND.findall(text):
+        kinds[a or b] = kinds.get(a or b, 0) + 1
+    return {"errors": errors, "warnings": warnings, "functions": top, "kinds": kinds}
 
 
 def run_child(path: str, kind: str, seed: int) -> dict[str, Any]:
@@ -115,7 +119,9 @@ def winner_file(
     return path
 
 
-def sanitize(path: str, kind: str, tool: str, timeout: float) -> dict[str, Any]:
+def sanitize(
+    path: str, kind: str, tool: str, timeout: float, log: str | None = None
+) -> dict[str, Any]:
     """One compute-sanitizer run of the child on a winner."""
     cmd = [
         "compute-sanitizer",
@@ -137,6 +143,11 @@ def sanitize(path: str, kind: str, tool: str, timeout: float) -> dict[str, Any]:
     except subprocess.TimeoutExpired as e:
         text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         code = "timeout"
+    if log:
+        os.makedirs(log, exist_ok=True)
+        name = f"{os.path.splitext(os.path.basename(path))[0]}_{tool}.log"
+        with open(os.path.join(log, name), "w", encoding="utf-8") as f:
+            f.write(text[:2_000_000])
     res = parse_report(text)
     res.update({"tool": tool, "exit": code, "seconds": round(time.perf_counter() - t0, 1)})
     m = re.search(r"CHILD (\{.*\})", text)
@@ -159,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--time-budget", type=float, default=None, help="search seconds per cell")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per sanitizer run")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--log", default=None, help="folder for each run's whole output")
     args = ap.parse_args(argv)
     if args.child:
         res = run_child(args.child, args.kind, args.seed)
@@ -179,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in names:
             path = winner_file(name, b, args.graphs, args.workdir, args)
             for tool in args.tools.split(","):
-                r = sanitize(path, kinds[name], tool, args.timeout)
+                r = sanitize(path, kinds[name], tool, args.timeout, args.log)
                 r.update({"workload": name, "batch": b, "graph": os.path.basename(path)})
                 rows.append(r)
                 print(json.dumps(r)[:400], flush=True)

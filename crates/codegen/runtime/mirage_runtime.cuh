@@ -2567,7 +2567,7 @@ struct FlashWG {
   // of K and V (`kel`, `vel` elements apart) is full once `full[u % STAGES]` completes its
   // phase (u / STAGES) % 2 (the producer's arrivals are its copies landing; each consumer
   // then fences its view for the tensor cores), and is released on `empty` (one arrival a
-  // warp) once this
+  // warp, a thread with VN) once this
   // warpgroup's P V over it has retired. One step a stage: the softmax covers all the
   // stage's keys at once (NB * NFC fragments, twice the independent exponentials of a
   // 64-key block), then the next stage's S and this stage's P V are issued together, and
@@ -2682,10 +2682,13 @@ struct FlashWG {
       wg_wait<0>();
       wg_pin(st.o[0]);
       st.rescale_deferred();
-      // The previous stage's P V has retired: its stage is free.
+      // The previous stage's P V has retired: its stage is free. With VN every thread arrives
+      // (the factors read V with ordinary loads, and each thread's arrival releases its own
+      // reads to the producer's next copy into the stage); else one thread a warp, the
+      // tensor cores' reads of the warp retired at its wait above.
       if (!first) {
         __syncwarp();
-        if (lane == 0) mbar_arrive(empty + at(k - 1) % STAGES);
+        if (VN || lane == 0) mbar_arrive(empty + at(k - 1) % STAGES);
       }
       const int turn = ILV ? u : k * NWG + wg;
       if (more) {
@@ -2766,31 +2769,42 @@ struct FlashWG {
     }
   }
 
-  // Floats of `scratch` that `finish<CS>` takes (0: none is read).
+  // Floats of `scratch` that `finish<CS>` takes (0: none is read): the key slices' slots.
   template <int CS>
   __host__ __device__ static constexpr int scratch_floats() {
-    return (KS - 1 + CS - 1) * BATCH * WR * FlashRows<RG, 8>::template SLOT_FLOATS<128>;
+    return (KS - 1) * BATCH * WR * FlashRows<RG, 8>::template SLOT_FLOATS<128>;
+  }
+  // Floats of `remote` that `finish<CS>` takes: the other blocks' slots of a cluster split.
+  template <int CS>
+  __host__ __device__ static constexpr int remote_floats() {
+    return (CS - 1) * BATCH * WR * FlashRows<RG, 8>::template SLOT_FLOATS<128>;
   }
 
   // After the loop, as `Flash::finish`. The key slices merge in registers
-  // (`FlashRows::merge_slices` over warpgroups: slot (k - 1) of its rows for slice k > 0).
-  // With CS > 1 the block is one of a thread-block cluster of CS that split the loop: once
-  // every block has left the loop (the scratch overlaps the loop's tiles), the slice-0
-  // warpgroups of block rank > 0 save their merged partials straight into the first block's
-  // scratch (distributed shared memory, slot KS - 1 + rank - 1), and that block alone merges
-  // them and writes O, L and X. One slot per (slice or rank, batch item, row group): see
-  // `scratch_floats`. Before (every slice's O through a row-major scratch, then a combine
-  // pass): GQA b=8's epilogue took 5.3 of its 23 µs, 1.4 of them in remote stores of twice
-  // the bytes.
+  // (`FlashRows::merge_slices` over warpgroups through `scratch`, which overlaps the loop's
+  // tiles: slot (k - 1) of its rows for slice k > 0).
+  // With CS > 1 the block is one of a thread-block cluster of CS that split the loop: the
+  // slice-0 warpgroups of block rank > 0 save their merged partials straight into the first
+  // block's `remote` area (distributed shared memory, slot rank - 1), and that block alone
+  // merges them and writes O, L and X. One slot per (slice or rank, batch item, row group):
+  // see `scratch_floats` and `remote_floats`. Where it fits without costing the loop a
+  // pipeline stage, `remote` is shared memory that nothing else writes; else it follows the
+  // slices' slots over the loop's tiles. A remote store into bytes that the owner's cp.async
+  // wrote is ordered through the owner's own waits for its copies and the cluster barrier
+  // (release, then acquire), which compute-sanitizer's racecheck does not credit: it reports
+  // every such byte (benches/gpu/racecheck_cluster_cp_async.cu shows it in miniature). The
+  // cluster barrier before the saves makes sure every block of the cluster has left its loop
+  // and started (its shared memory may then be written); the one after them publishes the
+  // saves to their readers.
   // With WS (after `run_ws`) the slices' barriers are the consumers' own (named barrier 1):
   // the producer warpgroup has left.
   // With HALVES (a cluster of two over one group of 64 rows), each block finishes half the
   // rows instead: the slice-0 warps of rows 32 h to 32 h + 31 (h = row0 / 32) save into block
-  // h's scratch when h is the other block, and merge there; O, L and X get block h's rows only
-  // (the caller's later steps take that half too). Half the bytes cross each way at once, and
-  // both blocks' epilogues run.
+  // h's remote area when h is the other block, and merge there; O, L and X get block h's rows
+  // only (the caller's later steps take that half too). Half the bytes cross each way at once,
+  // and both blocks' epilogues run.
   template <int CS = 1, bool WS = false, bool HALVES = false>
-  __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X) {
+  __device__ __forceinline__ void finish(float* scratch, float* O, float* L, float* X, float* remote = nullptr) {
     static_assert(!HALVES || (CS == 2 && M == 64 && RG == 1 && BATCH == 1), "finish: halves of one group of 64 rows in a pair");
     if (qscaled) st.unscale();
     st.settle();
@@ -2804,16 +2818,16 @@ struct FlashWG {
       constexpr int SLOT = FlashRows<RG, 8>::template SLOT_FLOATS<128>;
       if constexpr (HALVES) {
         const unsigned h = (unsigned)row0 >> 5;
-        if (h != rank && slice == 0) st.template save<128>(cluster_map(scratch, h) + ((KS - 1) * GROUPS + grp) * SLOT, tw);
+        if (h != rank && slice == 0) st.template save<128>(cluster_map(remote, h) + grp * SLOT, tw);
         cluster_sync();
-        if (h == rank && slice == 0) st.template merge<128>(scratch + ((KS - 1) * GROUPS + grp) * SLOT, tw);
+        if (h == rank && slice == 0) st.template merge<128>(remote + grp * SLOT, tw);
         mine = mine && h == rank;
       } else {
-        if (rank > 0 && slice == 0) st.template save<128>(cluster_map(scratch, 0u) + ((KS - 1 + (int)rank - 1) * GROUPS + grp) * SLOT, tw);
+        if (rank > 0 && slice == 0) st.template save<128>(cluster_map(remote, 0u) + (((int)rank - 1) * GROUPS + grp) * SLOT, tw);
         cluster_sync();
         if (rank == 0 && slice == 0) {
 #pragma unroll 1
-          for (int r = 1; r < CS; ++r) st.template merge<128>(scratch + ((KS - 1 + r - 1) * GROUPS + grp) * SLOT, tw);
+          for (int r = 1; r < CS; ++r) st.template merge<128>(remote + ((r - 1) * GROUPS + grp) * SLOT, tw);
         }
         mine = mine && rank == 0;
       }

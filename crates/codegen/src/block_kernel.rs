@@ -120,6 +120,8 @@ struct Ctx<'a> {
     stages: usize,
     /// The register-resident attention region and its combine scratch offset.
     flash: Option<(FlashRegion, Option<usize>)>,
+    /// The offset of the area where the other blocks of its cluster leave their partials.
+    flash_remote: Option<usize>,
     /// Blocks of a thread-block cluster that split the loop (1: none).
     cluster: usize,
     /// The accumulator tiles `Step::ClusterMerge` adds across the cluster.
@@ -436,11 +438,11 @@ fn liveness(bg: &BlockGraph) -> Liveness {
 
 /// Bytes of the attention's combine scratch: `FlashRegion::combine_bytes`, or three slices'
 /// with [`ws_three`].
-fn combine_bytes(f: &FlashRegion, nt: usize, cluster: usize, ws3: bool) -> usize {
+fn combine_bytes(f: &FlashRegion, nt: usize, ws3: bool) -> usize {
     if ws3 {
-        f.combine_bytes_slices(3, cluster)
+        f.combine_bytes_slices(3)
     } else {
-        f.combine_bytes(nt, cluster)
+        f.combine_bytes(nt)
     }
 }
 
@@ -1097,10 +1099,14 @@ fn emit_with(
     // `acc_scratch` order), the attention combine scratch comes last.
     // The interleaved warp-specialised form on three consumer warpgroups merges three slices.
     let ws3 = fr.as_ref().is_some_and(|f| ws_three(f, wgs) && ws_form(bg, nt, f, &layout, &steps, true));
-    let combine = |f: &FlashRegion| combine_bytes(f, nt, cluster, ws3);
+    let combine = |f: &FlashRegion| combine_bytes(f, nt, ws3);
+    // The other blocks' partials of a cluster split: an area of its own for the whole kernel
+    // (`own`), or after the combine scratch, over the loop's tiles, where an area of its own
+    // would cost the loop a pipeline stage.
+    let remote = fr.as_ref().map_or(0, |f| f.remote_bytes(cluster));
     // Floats of one block's slot in a summing cluster's receive area (`Step::ClusterMerge`).
     let recv_slot: usize = merged_by_step.iter().map(|&t| numel(&bg.tensors[t].dims).next_multiple_of(4)).sum();
-    let plan = |stages: usize| -> (Vec<Buffer>, Vec<Option<usize>>, usize, usize) {
+    let plan = |stages: usize, own: bool| -> (Vec<Buffer>, Vec<Option<usize>>, usize, usize) {
         let mut buffers: Vec<Buffer> = Vec::new();
         let mut buf_of: Vec<Option<usize>> = vec![None; n_t];
         let mut order: Vec<STensorId> = (0..n_t).filter(|&t| interval[t].is_some()).collect();
@@ -1157,10 +1163,13 @@ fn emit_with(
             buffers.push(Buffer { size: bytes, start: span.0, end: span.1, offset: 0, align: SMEM_ALIGN });
         }
         if let (Some(f), Some(pos)) = (&fr, flash_end) {
-            let bytes = combine(f);
+            let bytes = combine(f) + if own { 0 } else { remote };
             if bytes > 0 {
                 buffers.push(Buffer { size: bytes, start: pos, end: pos, offset: 0, align: SMEM_ALIGN });
             }
+        }
+        if own {
+            buffers.push(Buffer { size: remote, start: 0, end: steps.len(), offset: 0, align: SMEM_ALIGN });
         }
         // A summing cluster's receive area lives through the whole kernel: the other blocks
         // push their sums into it whenever they finish, while this one may still be looping.
@@ -1194,13 +1203,16 @@ fn emit_with(
         Some(f) if f.v_norm && f.wg.is_some() => SM90_SMEM_BYTES,
         _ => bg.pipeline_budget(),
     };
-    let (buffers, buf_of, smem_bytes, first_scratch) = loop {
-        let (b, o, total, first) = plan(stages);
-        if stages == 1 || total <= budget {
-            break (b, o, total, first);
+    let depth = |own: bool| {
+        let mut st = stages;
+        while st > 1 && plan(st, own).2 > budget {
+            st -= 1;
         }
-        stages -= 1;
+        st
     };
+    let own = remote > 0 && depth(true) == depth(false);
+    stages = depth(own);
+    let (buffers, buf_of, smem_bytes, first_scratch) = plan(stages, own);
 
     let step_rw: Vec<(Vec<STensorId>, Vec<STensorId>)> = steps
         .iter()
@@ -1210,9 +1222,13 @@ fn emit_with(
         })
         .collect();
 
-    // The combine scratch is the last buffer `plan` pushed.
+    // The combine scratch is the last buffer `plan` pushed, or the one before the remote area
+    // of its own; a remote area without one follows the slices' slots in the combine scratch.
+    let at = |back: usize| buffers.len().checked_sub(back).map_or(0, |i| buffers[i].offset);
+    let combine_at = at(1 + usize::from(own));
+    let remote_at = (remote > 0).then(|| if own { at(1) } else { combine_at + fr.as_ref().map_or(0, combine) });
     let flash = fr.map(|f| {
-        let off = (combine(&f) > 0).then(|| buffers.last().map_or(0, |b| b.offset));
+        let off = (combine(&f) > 0).then_some(combine_at);
         (f, off)
     });
     // The receive area is the last buffer `plan` pushed (a summing split has no combine).
@@ -1240,6 +1256,7 @@ fn emit_with(
         layout,
         stages,
         flash,
+        flash_remote: remote_at,
         cluster,
         merged_by_step,
         recv,
@@ -1573,7 +1590,7 @@ impl Ctx<'_> {
 
     /// The warp-specialised form's set-up and producer (`FlashWG::run_ws`). Thread 0 sets up the
     /// stage mbarriers at byte `off` (full: one arrival a producer thread; empty: one a
-    /// consumer warp of the stage); then the producer warpgroup (threads NT on) copies each
+    /// consumer warp of the stage, or a consumer thread with V's row factors); then the producer warpgroup (threads NT on) copies each
     /// iteration's staged tiles into stage `it % stages` once the consumers have emptied it,
     /// and leaves; the consumers take its registers. A producer thread's arrival is its copies
     /// landing (`cp.async.mbarrier.arrive`: it never waits, so it runs as far ahead as the
@@ -1593,8 +1610,10 @@ impl Ctx<'_> {
         wl!(s, "    for (int i = 0; i < {st}; ++i) {{");
         wl!(s, "      mi::mbar_init(mi_full + i, {WS_PRODUCER_THREADS});");
         // Consumer warps releasing a stage: its warpgroup's four (interleaved), else every
-        // consumer warp.
-        let readers = if self.ws_interleaved() { 4 } else { self.nt / 32 };
+        // consumer warp; every thread of them where V's row factors read the stage with
+        // ordinary loads (`run_ws`'s VN: each thread's arrival releases its own reads).
+        let warps = if self.ws_interleaved() { 4 } else { self.nt / 32 };
+        let readers = if self.flash.as_ref().is_some_and(|(f, _)| f.v_norm) { warps * 32 } else { warps };
         wl!(s, "      mi::mbar_init(mi_empty + i, {readers});");
         if split {
             wl!(s, "      mi::mbar_init(mi_vfull + i, {WS_PRODUCER_THREADS});");
@@ -1638,8 +1657,8 @@ impl Ctx<'_> {
         wl!(s, "    }}");
         wl!(s, "    mi::cp_async_wait<0>();");
         if self.cluster > 1 {
-            // Its arrival on the cluster barrier the merge after the loop starts with (the
-            // merge's remote stores land where its copies did).
+            // Its arrival on the cluster barrier the merge after the loop starts with, releasing
+            // its copies.
             wl!(s, "    mi::cluster_arrive_release();");
         }
         wl!(s, "    return;");
@@ -2130,6 +2149,12 @@ impl Ctx<'_> {
         if let Some((_, Some(off))) = &self.flash {
             wl!(s, "  float* const mi_fa = reinterpret_cast<float*>(mi_smem + {off}); // attention slice combine");
         }
+        if let Some(off) = self.flash_remote {
+            wl!(
+                s,
+                "  float* const mi_fa_remote = reinterpret_cast<float*>(mi_smem + {off}); // the cluster's partials"
+            );
+        }
         // Byte range of each materialised tile (staged tiles: all stages).
         let mut range: Vec<Option<(usize, usize)>> = vec![None; bg.tensors.len()];
         for (t, b) in buf_of.iter().enumerate() {
@@ -2272,7 +2297,15 @@ impl Ctx<'_> {
                             s,
                             "  static_assert(decltype(fa)::scratch_floats<{}>() * 4 <= {}, \"attention combine scratch\");",
                             self.cluster.max(1),
-                            combine_bytes(f, self.nt, self.cluster, self.ws3)
+                            combine_bytes(f, self.nt, self.ws3)
+                        );
+                    }
+                    if self.flash_remote.is_some() {
+                        wl!(
+                            s,
+                            "  static_assert(decltype(fa)::remote_floats<{}>() * 4 <= {}, \"attention cluster partials\");",
+                            self.cluster,
+                            f.remote_bytes(self.cluster)
                         );
                     }
                     wl!(s, "  fa.init();");
@@ -2445,8 +2478,15 @@ impl Ctx<'_> {
                 inflight.push((acc, r.clone()));
             }
             if wide && matches!(step, Step::FlashEnd) {
+                // All three warpgroups pass one barrier (of the count its every earlier use
+                // had) before the third leaves: the finish's stores are ordered before every
+                // later reader.
+                wl!(s, "  mi::bar_sync_n<NC>();");
                 wl!(s, "  if (tid >= NT) return; // the third attention warpgroup: merged");
                 wide = false;
+                dirty_w.clear();
+                dirty_r.clear();
+                continue;
             }
             dirty_w.extend(w);
             dirty_r.extend(r);
@@ -2768,11 +2808,12 @@ impl Ctx<'_> {
                 };
                 wl!(
                     s,
-                    "fa.finish{cs}({}, {}, {}, {});",
+                    "fa.finish{cs}({}, {}, {}, {}{});",
                     if off.is_some() { "mi_fa" } else { "nullptr" },
                     self.tile(f.o),
                     opt(f.l),
-                    opt(f.x)
+                    opt(f.x),
+                    if self.flash_remote.is_some() { ", mi_fa_remote" } else { "" }
                 );
             }
             Step::Save { j, op } => {

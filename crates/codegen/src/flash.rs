@@ -136,16 +136,14 @@ impl FlashRegion {
         }
     }
 
-    /// Bytes of shared memory `finish` needs to merge the slices (0 for one slice in a block
-    /// outside a cluster; `cluster`: blocks of the thread-block cluster that split the loop,
-    /// whose first block gathers every block's merged slices).
-    pub fn combine_bytes(&self, nt: usize, cluster: usize) -> usize {
-        let cs = cluster.max(1);
+    /// Bytes of shared memory `finish` needs to merge a block's key slices (0 for one slice),
+    /// which may overlap the loop's tiles.
+    pub fn combine_bytes(&self, nt: usize) -> usize {
         match self.wg {
             // `mi::FlashWG::finish`: one slot of `FlashRows::SLOT_FLOATS` (a warpgroup's 128
-            // threads, each its O fragments plus m and l per row group) per extra slice or
-            // rank, batch item and warpgroup's rows.
-            Some((_, ks)) => self.combine_bytes_slices(ks, cs),
+            // threads, each its O fragments plus m and l per row group) per extra slice, batch
+            // item and warpgroup's rows.
+            Some((_, ks)) => self.combine_bytes_slices(ks),
             // `mi::Flash::finish`: one slot (a warp's 32 threads) per extra slice, batch item
             // and warp's rows (no cluster form).
             None => (self.warps(nt).1 - 1) * self.batch * (self.m / 16) * 32 * (self.dv / 8 + 1) * 4 * 4,
@@ -155,8 +153,25 @@ impl FlashRegion {
     /// [`Self::combine_bytes`] of the warpgroup form over `ks` key slices (a form that runs
     /// more slices than the block graph's warpgroups hold, such as three warpgroups of 64
     /// rows).
-    pub fn combine_bytes_slices(&self, ks: usize, cluster: usize) -> usize {
-        (ks - 1 + cluster.max(1) - 1) * self.batch * (self.m / 64) * 128 * (self.dv / 2 + 4) * 4
+    pub fn combine_bytes_slices(&self, ks: usize) -> usize {
+        (ks - 1) * self.slot_bytes()
+    }
+
+    /// Bytes of the area where the other blocks of a thread-block cluster of `cluster` that
+    /// split the loop leave their merged partials (`mi::FlashWG::finish`'s `remote`: one slot
+    /// per other block, batch item and warpgroup's rows; 0 outside a cluster). Written from
+    /// other blocks, it must not overlap anything asynchronous copies write.
+    pub fn remote_bytes(&self, cluster: usize) -> usize {
+        match self.wg {
+            Some(_) => (cluster.max(1) - 1) * self.slot_bytes(),
+            None => 0,
+        }
+    }
+
+    /// Bytes of the slots of one slice or block: `FlashRows::SLOT_FLOATS<128>` per batch item
+    /// and warpgroup's rows.
+    fn slot_bytes(&self) -> usize {
+        self.batch * (self.m / 64) * 128 * (self.dv / 2 + 4) * 4
     }
 }
 

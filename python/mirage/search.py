@@ -116,8 +116,8 @@ _CACHE_FORMAT = "mirage-rs/search-result"
 _CACHE_SCHEMA = 1
 #: Candidates compiled and timed on a GPU: every one verified there, with the twins the
 #: search adds beside the first (co-resident and warpgroup forms), the first 128 in all. The cost
-#: model ranks attention forms roughly (the twelfth session's winners sat up to 26th of
-#: 28-38), so the timings decide among all of them.
+#: model ranks attention forms roughly (measured attention winners sat up to 26th of 28-38
+#: candidates), so the timings decide among all of them.
 PROFILE_TOP_N = 2 * _GPU_TOP_N
 
 
@@ -587,7 +587,7 @@ _EARLY_STOP = 2.0
 #: Candidates timed within this fraction of the fastest (at most `_FINALISTS` of them) are
 #: timed `_FINAL_ROUNDS` more times, in turns, and the fastest median wins: one pass over 64
 #: candidates one after another let MHA b=16 on the H200 pick a form 3 us slower than another
-#: it had timed (128.4 against 125.3 us in bench timing; BENCHMARKS.md, fortieth session).
+#: it had timed (128.4 against 125.3 us in bench timing; docs/tuning.md).
 _FINALIST_SPREAD = 0.05
 _FINALISTS = 4
 _FINAL_ROUNDS = 3

@@ -2577,7 +2577,7 @@ struct FlashWG {
   // (bench table) against the same form with a block barrier and cp.async by all threads an
   // iteration. With ILV (KS warpgroups over 64 rows each), this warpgroup's stages are
   // slice, slice + KS, ... (its `mine` of them; the others' pass by), each released by its
-  // four warps (one arrival a warp).
+  // four warps (one arrival a warp; with VN one a thread).
   //
   // With VN, V's rows are normalised (QK-norm): P V over normalised rows is P with each key's
   // column scaled by its row's 1 / rms times V, so the stage's V is read, not rewritten. Each
@@ -2589,8 +2589,8 @@ struct FlashWG {
   // A step ahead against beside the softmax, on the H200 (bench timing, the saved winner,
   // three rounds): QK-norm b=8, three warpgroups of 64-key steps, 18.47-18.54 -> 18.17-18.30
   // us; two of 128-key steps 18.82-19.05 -> 19.12-19.16 (so those keep the factors beside the
-  // softmax). The notes below are the H100's, before it.
-  // QK-norm b=8 on the H100 (64-row interleaved form, saved graph): 20.4 us against 16.8 for
+  // softmax). The alternatives, on the H100:
+  // QK-norm b=8 (64-row interleaved form, saved graph): 20.4 us against 16.8 for
   // the same form without norms (a step is issue-latency bound, about 9.4 cycles a warp
   // instruction under ncu, and the norm adds about 45% to the instructions); computing the
   // next stage's factors after its S instead: 21.4 (without the factor loads 18.4, without

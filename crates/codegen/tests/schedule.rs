@@ -416,7 +416,7 @@ fn small_attention_grids_split_the_loop_across_a_cluster() {
     let src = kernel_source(&g);
     assert!(src.contains("forloop_range 2,"), "{src}");
     assert!(src.contains("(long long)blockIdx.y * 32768LL"), "K and V tiles of 256 keys: {src}");
-    assert!(src.contains("fa.finish<4>(mi_fa, "), "{src}");
+    assert!(src.contains("fa.finish<4>(") && src.contains(", mi_fa_remote);"), "{src}");
     let exit = src.find("if (mi::cluster_rank() != 0) return;").expect("other blocks leave");
     assert!(src[exit..].contains("-> output 0"), "the first block saves: {src}");
     let p80 = generate(&g, &Options::for_arch(80)).expect("generates");
@@ -438,7 +438,8 @@ fn cluster_splits_shrink_until_the_gathered_partials_fit() {
     let k = p.kernels.iter().find(|k| k.name.contains("customized")).expect("a customized kernel");
     assert_eq!((k.grid, k.cluster), ([4, 1, 1], [4, 1, 1]), "{}", p.launch_summary());
     assert!(k.smem_bytes <= mirage_codegen::SM90_SMEM_BYTES, "{}", p.launch_summary());
-    assert!(kernel_source(&g).contains("fa.finish<4>(mi_fa, "));
+    let src = kernel_source(&g);
+    assert!(src.contains("fa.finish<4>(") && src.contains(", mi_fa_remote);"), "{src}");
 }
 
 #[test]

@@ -48,6 +48,18 @@ pub trait Scalar: Copy + Send + Sync + std::fmt::Debug + 'static {
     fn mul_acc(self, a: Self, b: Self) -> Self {
         self.add(a.mul(b))
     }
+    /// One output row of a matmul: `c[j] = c[j] + sum_kk a[kk] * b[kk * n + j]` with
+    /// `n = c.len()`, summed in `kk` order by [`Scalar::mul_acc`]. A field domain, whose sums
+    /// do not depend on their order, overrides it to reduce once per element.
+    #[inline]
+    fn matmul_row(c: &mut [Self], a: &[Self], b: &[Self]) {
+        let n = c.len();
+        for (kk, &av) in a.iter().enumerate() {
+            for (cv, &bv) in c.iter_mut().zip(&b[kk * n..(kk + 1) * n]) {
+                *cv = cv.mul_acc(av, bv);
+            }
+        }
+    }
 }
 
 /// Float domains: IEEE arithmetic, `gelu` in its erf form.

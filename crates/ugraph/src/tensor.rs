@@ -97,12 +97,7 @@ impl<S: Scalar> Tensor<S> {
             data.par_chunks_mut(n).enumerate().for_each(|(row, crow)| {
                 let (bt, i) = (row / m, row % m);
                 let a = &self.data[(bt * m + i) * k..(bt * m + i + 1) * k];
-                let b = &o.data[bt * k * n..(bt + 1) * k * n];
-                for (kk, &av) in a.iter().enumerate() {
-                    for (cv, &bv) in crow.iter_mut().zip(&b[kk * n..(kk + 1) * n]) {
-                        *cv = cv.mul_acc(av, bv);
-                    }
-                }
+                S::matmul_row(crow, a, &o.data[bt * k * n..(bt + 1) * k * n]);
             });
             return Tensor { dims, data };
         }
@@ -111,14 +106,7 @@ impl<S: Scalar> Tensor<S> {
             let b = &o.data[bt * k * n..(bt + 1) * k * n];
             let c = &mut data[bt * m * n..(bt + 1) * m * n];
             for i in 0..m {
-                let crow = &mut c[i * n..(i + 1) * n];
-                for kk in 0..k {
-                    let av = a[i * k + kk];
-                    let brow = &b[kk * n..(kk + 1) * n];
-                    for (cv, &bv) in crow.iter_mut().zip(brow) {
-                        *cv = cv.mul_acc(av, bv);
-                    }
-                }
+                S::matmul_row(&mut c[i * n..(i + 1) * n], &a[i * k..(i + 1) * k], b);
             }
         }
         Tensor { dims, data }

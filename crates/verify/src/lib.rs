@@ -1,5 +1,5 @@
-//! Probabilistic equivalence verification of µGraphs over finite fields (mirage-facts
-//! section 4; paper section 5), fast enough for a search loop.
+//! Probabilistic equivalence verification of µGraphs over finite fields (docs/verifier.md;
+//! the reference's theorem in docs/reference.md, "Verification"), fast enough for a search loop.
 //!
 //! ```
 //! use mirage_ugraph::{zoo, DType};

@@ -2478,15 +2478,8 @@ impl Ctx<'_> {
                 inflight.push((acc, r.clone()));
             }
             if wide && matches!(step, Step::FlashEnd) {
-                // All three warpgroups pass one barrier (of the count its every earlier use
-                // had) before the third leaves: the finish's stores are ordered before every
-                // later reader.
-                wl!(s, "  mi::bar_sync_n<NC>();");
                 wl!(s, "  if (tid >= NT) return; // the third attention warpgroup: merged");
                 wide = false;
-                dirty_w.clear();
-                dirty_r.clear();
-                continue;
             }
             dirty_w.extend(w);
             dirty_r.extend(r);

@@ -10,7 +10,8 @@ Build a kernel graph, optionally with hand-written threadblock graphs, and run i
     (out,) = g(inputs=[x, w])          # torch CPU tensors or numpy arrays
 
 The graphs, their checks and the interpreter live in Rust (``mirage._core``); this package is
-the user API. torch is optional; numpy is required.
+the user API. torch is optional; numpy is required. Scripts written for the reference Mirage
+run unchanged where its names have a meaning here (docs/reference-compat.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import _core
+from . import _core, visualizer
+from ._compat import convert_dtype_to_torch_type, convert_torch_type_to_dtype, generate_cuda_program
 from ._dtypes import DType, bfloat16, float16, float32
 from .kernel import KNGraph
 from .search import SearchError
@@ -38,15 +40,19 @@ __all__ = [
     "Verdict",
     "__version__",
     "bfloat16",
+    "convert_dtype_to_torch_type",
+    "convert_torch_type_to_dtype",
     "float16",
     "float32",
     "from_json",
+    "generate_cuda_program",
     "get_gpu_device_id",
     "load_json",
     "new_kernel_graph",
     "new_threadblock_graph",
     "set_gpu_device_id",
     "verify",
+    "visualizer",
 ]
 
 _gpu_device_id = 0
@@ -66,7 +72,8 @@ def new_threadblock_graph(
 
 
 def from_json(text: str) -> KNGraph:
-    """Reads a kernel graph from JSON written by :meth:`KNGraph.to_json` (revalidated)."""
+    """Reads a kernel graph from JSON text written by :meth:`KNGraph.to_json` (revalidated);
+    for a file use :func:`load_json` or ``KNGraph.from_json(filename)``."""
     if not isinstance(text, str):
         raise TypeError(f"from_json: expected a str, got {type(text).__name__}")
     return KNGraph(_core.KernelGraph.from_json(text))

@@ -8,12 +8,10 @@ A graph is callable: ``outputs = graph(inputs=[...])`` runs it on the CPU interp
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Union, overload
 
-from . import _core, _cuda
+from . import _compat, _core, _cuda
 from ._args import MAX_NUMEL, as_dims, as_float, as_int
 from ._dtypes import DType, as_dtype, float16
 from ._runtime import InputSpec, as_input_list, build_outputs, prepare_inputs
@@ -32,24 +30,45 @@ def _row_major(dims: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+class _FromJson:
+    """``KNGraph.from_json(filename)`` returns a new graph; ``g.from_json(filename)`` loads
+    the file into ``g`` (the reference's form) and returns ``g``."""
+
+    def __get__(self, obj: KNGraph | None, owner: type[KNGraph]) -> Callable[[PathLike], KNGraph]:
+        def load(filename: PathLike) -> KNGraph:
+            core = _compat.load_graph_file("from_json", filename)
+            if obj is None:
+                return owner(core)
+            obj._reset(core)
+            return obj
+
+        load.__doc__ = "Reads a graph from a JSON file written by ``to_json(filename)``."
+        return load
+
+
 class KNGraph:
     """A kernel graph: device tensors, predefined ops and customized (threadblock-graph) ops."""
 
     def __init__(self, core: _core.KernelGraph | None = None) -> None:
-        self._core = core if core is not None else _core.KernelGraph()
+        self._reset(core if core is not None else _core.KernelGraph())
+
+    def _reset(self, core: _core.KernelGraph) -> None:
+        """Makes this graph ``core`` (handles of an earlier graph no longer apply)."""
+        self._core = core
         # Inputs whose layout must match exactly at call time (strides given at new_input).
         self._explicit_strides: dict[int, tuple[int, ...]] = {}
+        # compile(): ((num_ops, outputs, arch) compiled, kernels valid, error message, dict).
+        self._compiled: tuple[tuple[Any, ...], bool, str, dict[str, Any] | None] | None = None
         #: Statistics of the search that produced this graph (set by :meth:`superoptimize`).
         self.search_stats: dict[str, Any] | None = None
         #: How many candidates :meth:`superoptimize` chose among (timed on a GPU, or ranked
         #: by the cost model); ``None`` for graphs not produced by it.
         self.candidates_considered: int | None = None
-        if core is not None:
-            # A loaded graph: a non-row-major input layout was necessarily given explicitly.
-            for tid in core.input_ids():
-                strides = tuple(core.input_strides(tid))
-                if strides != _row_major(core.tensor_dims(tid)):
-                    self._explicit_strides[tid] = strides
+        # A loaded graph: a non-row-major input layout was necessarily given explicitly.
+        for tid in core.input_ids():
+            strides = tuple(core.input_strides(tid))
+            if strides != _row_major(core.tensor_dims(tid)):
+                self._explicit_strides[tid] = strides
 
     # ----------------------------------------------------------------- helpers
     def _tid(self, op: str, t: Any, what: str = "A") -> int:
@@ -223,18 +242,45 @@ class KNGraph:
         """Number of ops, inputs included."""
         return self._core.num_ops
 
-    def to_json(self) -> str:
-        """The graph as versioned JSON (``mi.from_json`` reads it back)."""
-        return self._core.to_json()
+    @overload
+    def to_json(self, filename: None = None) -> str: ...
+    @overload
+    def to_json(self, filename: PathLike) -> None: ...
+    def to_json(self, filename: PathLike | None = None) -> str | None:
+        """The graph as versioned JSON (``mi.from_json`` reads it back); with ``filename``
+        (the reference's form), writes it to that file instead and returns None."""
+        text = self._core.to_json()
+        if filename is None:
+            return text
+        if not isinstance(filename, (str, os.PathLike)):
+            raise TypeError(
+                f"to_json: filename must be a path (str or os.PathLike), got {filename!r}"
+            )
+        with open(os.fspath(filename), "w", encoding="utf-8") as f:
+            f.write(text)
+        return None
+
+    from_json = _FromJson()
 
     def save_json(self, path: PathLike) -> None:
         """Writes :meth:`to_json` to ``path``."""
-        with open(os.fspath(path), "w", encoding="utf-8") as f:
-            f.write(self.to_json())
+        self.to_json(path)
 
     def hash(self) -> str:
-        """A stable hex digest of the graph's structure."""
+        """A stable hex digest (SHA-256) of the graph's structure: independent of tensor ids
+        and of the order in which independent ops were built."""
         return self._core.hash()
+
+    def get_owner_independent_hash(self) -> int:
+        """The reference's graph hash, an integer: the first 64 bits of :meth:`hash`, which
+        already ignores tensor ids and owners (equal graphs built apart hash equal)."""
+        return int(self._core.hash()[:16], 16)
+
+    @property
+    def cygraph(self) -> KNGraph:
+        """This graph (reference scripts pass ``graph.cygraph`` to
+        ``mi.generate_cuda_program``)."""
+        return self
 
     def to_dot(self) -> str:
         """The graph in Graphviz DOT."""
@@ -244,30 +290,11 @@ class KNGraph:
         """Writes ``<filename>.dot`` (or ``filename`` if it ends with ``.dot``) and, when the
         Graphviz ``dot`` executable is found, ``.svg`` and ``.png`` next to it.
 
-        Returns the paths written.
+        Returns the paths written (see also :mod:`mirage.visualizer`).
         """
-        name = os.fspath(filename)
-        if name.endswith(".dot"):
-            dot_path, base = name, name[: -len(".dot")]
-        else:
-            dot_path, base = name + ".dot", name
-        with open(dot_path, "w", encoding="utf-8") as f:
-            f.write(self.to_dot())
-        written = [dot_path]
-        exe = shutil.which("dot")
-        if exe is not None:
-            for fmt in ("svg", "png"):
-                out = f"{base}.{fmt}"
-                res = subprocess.run(
-                    [exe, f"-T{fmt}", dot_path, "-o", out],
-                    check=False,
-                    capture_output=True,
-                    text=True,
-                )
-                if res.returncode != 0:
-                    raise RuntimeError(f"visualize: dot -T{fmt} failed: {res.stderr.strip()}")
-                written.append(out)
-        return written
+        from .visualizer import render
+
+        return render(self.to_dot(), filename, ("svg", "png"))
 
     # ------------------------------------------------------------------- run
     def _input_specs(self) -> list[InputSpec]:
@@ -315,6 +342,47 @@ class KNGraph:
         if _cuda.wants_cuda(inputs):
             return _cuda.run(self, inputs, stream, ignored.get("save_codes"))
         return self.run(inputs)
+
+    def _state(self) -> tuple[int, tuple[int, ...]]:
+        """What changes when the graph does (graphs only grow): ops and outputs."""
+        return (self._core.num_ops, tuple(self._core.output_ids()))
+
+    def _compiled_now(self) -> bool:
+        return self._compiled is not None and self._compiled[0][:2] == self._state()
+
+    def compile(self, async_: bool = False, **kwargs: Any) -> Any:
+        """The reference's compile: generates the CUDA program and compiles it with NVRTC
+        (loaded on the selected CUDA device when ``target_cc`` is its arch or not given,
+        else to a CUBIN only; ``graph(inputs=...)`` on CUDA tensors reuses it). Keywords:
+        ``inputs`` (checked against the graph's shapes and strides), ``target_cc``, and those
+        of :func:`mirage.generate_cuda_program`; ``file_id``, ``outputs`` and ``stream`` are
+        ignored. Returns the program's dict, or None when the kernels are invalid (see
+        :meth:`valid_kernels`, :meth:`get_error_message`); with ``async_=True`` an object
+        whose ``wait()`` returns that. Cached per target until the graph changes."""
+        arch = _compat.target_arch("compile", kwargs.get("target_cc"))
+        done = self._compiled
+        if done is None or done[0] != (*self._state(), arch):
+            _compat.compile_graph(self, kwargs)
+            done = self._compiled
+        assert done is not None
+        result = done[3]
+        if async_:
+            return _compat.Done(result)
+        return result
+
+    def valid_kernels(self) -> bool:
+        """Whether this graph's generated kernels compiled (compiles first, with the default
+        target, when :meth:`compile` has not run). NVRTC missing raises ``RuntimeError``."""
+        if not self._compiled_now():
+            self.compile()
+        assert self._compiled is not None
+        return self._compiled[1]
+
+    def get_error_message(self) -> str:
+        """Why :meth:`valid_kernels` is False (``"No error"`` when it is True)."""
+        if not self._compiled_now() or self._compiled is None:
+            raise RuntimeError("get_error_message: call compile() or valid_kernels() first")
+        return self._compiled[2]
 
     def cuda_source(self, arch: int | None = None) -> str:
         """The CUDA C++ this graph compiles to for ``sm_{arch}`` (default: the current torch
@@ -380,6 +448,9 @@ class KNGraph:
         time_budget: float | None = None,
         num_threads: int | None = None,
         cache_dir: PathLike | None = None,
+        use_symbolic_search: bool = False,
+        symbolic_checkpoint: PathLike | None = None,
+        search_time_limit_sec: float | None = None,
     ) -> KNGraph:
         """Searches µGraphs equivalent to this graph and returns the best one as a new graph.
 
@@ -421,6 +492,10 @@ class KNGraph:
         * Accepted and ignored: ``use_graph_dataset`` (no bundled dataset of pre-searched
           graphs) and ``is_formal_verified`` (candidates are always checked by the
           finite-field verifier plus a float test).
+        * The newer reference's keywords: ``search_time_limit_sec`` is ``time_budget``
+          (``<= 0``: no limit); ``use_symbolic_search=True`` runs this search (the one search
+          here; the reference's symbolic one is an alternative algorithm), and then
+          ``symbolic_checkpoint`` is ``previous_checkpoint`` (docs/reference-compat.md).
 
         Ctrl-C cancels the search promptly and raises ``KeyboardInterrupt``. Bad argument types
         raise ``TypeError``, bad values ``ValueError``; a search that finds nothing raises
@@ -429,6 +504,13 @@ class KNGraph:
         """
         from .search import superoptimize
 
+        time_budget, previous_checkpoint = _compat.search_keywords(
+            use_symbolic_search,
+            symbolic_checkpoint,
+            search_time_limit_sec,
+            time_budget,
+            previous_checkpoint,
+        )
         return superoptimize(
             self,
             imaps=imaps,

@@ -12,8 +12,7 @@
 //! Results come back as plain Python data: candidates as dicts holding the graph as JSON
 //! (`mirage::json::to_json`), cost, hash and verification; statistics as a dict.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,6 +23,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use crate::interrupt::{panic_message, polled};
 use crate::kernel::KernelGraph;
 
 /// Maps a search error: bad settings and graphs raise `ValueError`, internal failures
@@ -338,42 +338,23 @@ fn search<'py>(
     };
     let reference = &graph.inner;
     let cfg = &cfg;
-    let (outcome, pending) = py.detach(|| {
-        std::thread::scope(|s| {
-            let (tx, rx) = channel::<()>();
-            let worker = s.spawn(move || {
-                let r = superoptimize(reference, cfg);
-                let _ = tx.send(());
-                r
-            });
-            let mut pending: Option<PyErr> = None;
-            loop {
-                match rx.recv_timeout(interval) {
-                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
-                    Err(RecvTimeoutError::Timeout) if pending.is_none() => {
-                        let snap = latest.lock().ok().and_then(|g| g.clone());
-                        if let Err(e) = Python::attach(|py| ticker.run(py, snap.as_ref())) {
-                            cancel.store(true, Ordering::Relaxed);
-                            pending = Some(e);
-                        }
-                    }
-                    Err(RecvTimeoutError::Timeout) => {}
-                }
-            }
-            (worker.join(), pending)
-        })
-    });
+    let (outcome, pending) = polled(
+        py,
+        interval,
+        &cancel,
+        move || superoptimize(reference, cfg),
+        |py| {
+            let snap = latest.lock().ok().and_then(|g| g.clone());
+            ticker.run(py, snap.as_ref())
+        },
+    );
     if ticker.printed && ticker.tty && pending.is_some() {
         let _ = write_stderr(py, "\n");
     }
     let result = match outcome {
         Ok(r) => r,
         Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let what = panic_message(&*panic);
             return Err(PyRuntimeError::new_err(format!("superoptimize: the search panicked (a bug): {what}")));
         }
     };

@@ -362,6 +362,14 @@ mod tests {
     use super::*;
     use mirage_ugraph::{Accum, DType};
 
+    #[test]
+    fn options_for_an_arch_take_its_preset() {
+        assert_eq!(Options::for_arch(90).target, Target::sm90());
+        assert_eq!(Options::for_arch(80).target, Target::sm80());
+        let o = Options::for_arch(86);
+        assert_eq!((o.arch(), o.target.num_sms), (86, Target::sm80().num_sms));
+    }
+
     /// Kernel 1 computes `norm(X)` (with `exp` first when `exp`) or the sum of X's rows;
     /// kernel 2 adds it to X. Returns the generated source.
     fn two_kernels(first: &str) -> String {

@@ -13,7 +13,8 @@
 
 use mirage_ugraph::block::{MAX_CLUSTER_SPLIT, MAX_PIPELINE_STAGES};
 use mirage_ugraph::{
-    fuse_elementwise, Accum, BinaryOp, BlockGraph, BlockOpKind, FusedGroup, Phase, STensorId, ThreadOp, UnaryOp,
+    fuse_elementwise, Accum, BinaryOp, BlockGraph, BlockOpKind, Budgets, FusedGroup, Phase, STensorId, Target,
+    ThreadOp, UnaryOp,
 };
 
 use crate::emit::{
@@ -28,8 +29,6 @@ use crate::program::{BufferRef, DevBuffer, Storage};
 const SMEM_ALIGN: usize = 16;
 /// Byte alignment of swizzled tiles: a 128-byte line.
 const SWZ_ALIGN: usize = 128;
-/// Shared memory one block may have on sm_90 (H100, H200: 227 KiB opted in).
-pub const SM90_SMEM_BYTES: usize = 227 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Section {
@@ -108,6 +107,8 @@ struct Ctx<'a> {
     outs: &'a [DevBuffer],
     groups: Vec<FusedGroup>,
     nt: usize,
+    /// The target's budgets (the warp-specialised form's register split).
+    budgets: Budgets,
     /// Storage of each tile (None: not computed).
     storage: Vec<Option<Storage>>,
     /// For input tiles read straight from device memory: the block input position.
@@ -223,6 +224,9 @@ pub(crate) struct Knobs {
     /// Copies of graph-input tiles that only one block reads, once ([`Ctx::read_once`]), carry
     /// the L2 policy evict_first (`Options::evict_first`).
     pub evict_first: bool,
+    /// The GPU generated for (`Options::target`): shared memory, one-wave grids, register
+    /// budgets.
+    pub target: Target,
 }
 
 /// Emits the kernel `name` for block graph `bg` whose inputs and outputs are `ins` / `outs`.
@@ -244,7 +248,7 @@ pub(crate) fn emit(
     }
     // Three attention warpgroups take 64-key stages ([`ws_three`]): a loop of 128-key tiles
     // made twice as fine, where that takes the form; else the graph as it is.
-    if arch == 90 && three_candidate(bg, wgs) {
+    if arch == 90 && three_candidate(bg, wgs, &knobs.target) {
         if let Ok(fine) = bg.with_finer_loop(2) {
             let three = emit_any(name, &fine, ins, outs, arch, knobs).ok().flatten();
             if let Some(e) = three.filter(|e| e.extra_threads == WS3_THREADS + WS_PRODUCER_THREADS) {
@@ -273,10 +277,10 @@ fn emit_any(
     // fit its shared memory; otherwise it keeps its grid.
     if arch == 90 {
         let mut most = MAX_CLUSTER_SPLIT;
-        while let Some((axis, cs, split)) = bg.cluster_split_within(most) {
+        while let Some((axis, cs, split)) = bg.cluster_split_within(most, &knobs.target) {
             for mode in [FlashMode::Wgmma, FlashMode::Off] {
                 if let Some(mut e) = emit_with(name, &split, ins, outs, mode, cs, knobs)? {
-                    if e.smem_bytes <= SM90_SMEM_BYTES {
+                    if e.smem_bytes <= knobs.target.smem_per_block_optin {
                         e.cluster[axis] = cs;
                         return Ok(Some(e));
                     }
@@ -311,11 +315,9 @@ enum FlashMode {
 
 /// Threads of the producer warpgroup a warp-specialised loop adds (`FlashWG::run_ws`).
 const WS_PRODUCER_THREADS: usize = 128;
-/// Registers a thread of that producer keeps (`setmaxnreg`; it only copies).
-const WS_PRODUCER_REGS: usize = 24;
-/// Registers each of the 256 consumer threads then takes: 24 * 128 + 240 * 256 of the SM's
-/// 65536 (at 232, ptxas spilled S: MQA b=16's hand-written prototype took 39.6 us, 38.3 at 240).
-const WS_CONSUMER_REGS: usize = 240;
+// The registers a thread of that producer keeps (`setmaxnreg`; it only copies) and each of
+// the 256 consumer threads then takes are the target's `Budgets::ws_producer_regs` and
+// `Budgets::ws_consumer_regs`.
 
 /// Whether a block takes the warp-specialised form (`FlashWG::run_ws`: a producer warpgroup
 /// filling the stages for two consumer warpgroups of 64 rows each, no block barrier in the
@@ -373,9 +375,8 @@ fn ws_interleaved(f: &FlashRegion) -> bool {
 
 /// Threads of the third consumer warpgroup of [`ws_three`].
 const WS3_THREADS: usize = 128;
-/// Registers a consumer thread of [`ws_three`] takes: 3 * 128 * 160 + 128 * 24 of 65536 (ptxas
-/// spills nothing at 152 or 160 in the 64-key steps; GQA b=8's prototype spilled 52 bytes at 144).
-const WS3_CONSUMER_REGS: usize = 160;
+// The registers a consumer thread of [`ws_three`] takes are the target's
+// `Budgets::ws3_consumer_regs`.
 
 /// Whether the interleaved warp-specialised form runs on three consumer warpgroups that take
 /// whole 64-key stages in turn (`wgs`: `Options::ws_warpgroups`; by default where V is
@@ -402,9 +403,10 @@ fn asks_three(f: &FlashRegion, wgs: WsWarpgroups) -> bool {
 /// Whether `bg` made twice as fine may take [`ws_three`]: an attention region of 64 rows,
 /// 128-key tiles and 64-wide values that `wgs` asks three warpgroups for ([`emit`] emits the
 /// finer graph only then).
-fn three_candidate(bg: &BlockGraph, wgs: WsWarpgroups) -> bool {
+fn three_candidate(bg: &BlockGraph, wgs: WsWarpgroups, target: &Target) -> bool {
     let l = liveness(bg);
-    flash::find(bg, &l.opneed, &l.uses).is_some_and(|f| asks_three(&f, wgs) && f.m == 64 && f.n == 128 && f.dv == 64)
+    flash::find(bg, &l.opneed, &l.uses, target)
+        .is_some_and(|f| asks_three(&f, wgs) && f.m == 64 && f.n == 128 && f.dv == 64)
 }
 
 /// Which tensors and ops an output needs, and each tensor's using ops.
@@ -516,7 +518,7 @@ fn emit_with(
     let Liveness { tneed, opneed, uses } = liveness(bg);
 
     let groups = fuse_elementwise(bg);
-    let mut fr = if mode == FlashMode::Off { None } else { flash::find(bg, &opneed, &uses) };
+    let mut fr = if mode == FlashMode::Off { None } else { flash::find(bg, &opneed, &uses, &knobs.target) };
     if mode == FlashMode::Wgmma {
         match fr.as_mut() {
             Some(f) => match f.wgmma(nt) {
@@ -1199,9 +1201,11 @@ fn emit_with(
     // three stages or more each iteration normalises the next stage beside its own matmuls
     // (`Step::Flash`) instead of its own stage before them.
     let budget = match &fr {
-        Some(f) if ilv => SM90_SMEM_BYTES - ws_barriers_bytes(most, ws_split_v(f)) - WS_FACTOR_BYTES,
-        Some(f) if f.v_norm && f.wg.is_some() => SM90_SMEM_BYTES,
-        _ => bg.pipeline_budget(),
+        Some(f) if ilv => {
+            knobs.target.smem_per_block_optin.saturating_sub(ws_barriers_bytes(most, ws_split_v(f)) + WS_FACTOR_BYTES)
+        }
+        Some(f) if f.v_norm && f.wg.is_some() => knobs.target.smem_per_block_optin,
+        _ => bg.pipeline_budget(&knobs.target),
     };
     let depth = |own: bool| {
         let mut st = stages;
@@ -1245,6 +1249,7 @@ fn emit_with(
         return Ok(None);
     }
     let mut ctx = Ctx {
+        budgets: knobs.target.budgets,
         bg,
         ins,
         outs,
@@ -1622,7 +1627,7 @@ impl Ctx<'_> {
         wl!(s, "  }}");
         wl!(s, "  __syncthreads();");
         wl!(s, "  if (tid >= {}) {{ // the producer", if self.ws3 { "NC" } else { "NT" });
-        wl!(s, "    mi::setmaxnreg_dec<{WS_PRODUCER_REGS}>();");
+        wl!(s, "    mi::setmaxnreg_dec<{}>();", self.budgets.ws_producer_regs);
         wl!(s, "    constexpr int NT = {WS_PRODUCER_THREADS};");
         wl!(s, "    const int tid = mi::lin_tid() - {};", self.consumers());
         wl!(s, "#pragma unroll 1");
@@ -1663,7 +1668,8 @@ impl Ctx<'_> {
         }
         wl!(s, "    return;");
         wl!(s, "  }}");
-        wl!(s, "  mi::setmaxnreg_inc<{}>();", if self.ws3 { WS3_CONSUMER_REGS } else { WS_CONSUMER_REGS });
+        let b = &self.budgets;
+        wl!(s, "  mi::setmaxnreg_inc<{}>();", if self.ws3 { b.ws3_consumer_regs } else { b.ws_consumer_regs });
         Ok(s)
     }
 

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
+use mirage_ugraph::{DeviceAttr, Target};
 
 use crate::error::{Error, Result};
 use crate::program::KernelSpec;
@@ -50,6 +51,9 @@ pub struct Device {
     pub sm_count: u32,
     /// Device name.
     pub name: String,
+    /// The device's target: its attributes over the preset of its architecture
+    /// ([`Target::from_attributes`]).
+    pub target: Target,
     ctx: sys::CUcontext,
 }
 
@@ -106,15 +110,30 @@ pub fn device(ordinal: i32) -> Result<Arc<Device>> {
     let sms = attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     let smem_sm = attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
     let name = cu::device::get_name(dev).unwrap_or_default();
+    let arch = (major * 10 + minor) as u32;
+    let target = Target::from_attributes(arch, |a| {
+        let a = match a {
+            DeviceAttr::SmCount => A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            DeviceAttr::SmemPerBlockOptin => A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            DeviceAttr::SmemPerBlock => A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+            DeviceAttr::SmemPerSm => A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            DeviceAttr::SmemReservedPerBlock => A::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+            DeviceAttr::RegsPerSm => A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR,
+            DeviceAttr::MaxThreadsPerBlock => A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            DeviceAttr::L2Bytes => A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+        };
+        attr(dev, a).ok().and_then(|v| usize::try_from(v).ok())
+    });
     // SAFETY: `dev` is valid; the retained context is kept for the life of the process.
     let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| drv_err("cuDevicePrimaryCtxRetain", e))?;
     let d = Arc::new(Device {
         ordinal,
-        arch: (major * 10 + minor) as u32,
+        arch,
         smem_optin: smem.max(0) as usize,
         smem_per_sm: smem_sm.max(0) as usize,
         sm_count: sms.max(0) as u32,
         name,
+        target,
         ctx,
     });
     map.insert(ordinal, d.clone());
@@ -144,7 +163,7 @@ unsafe impl Sync for Module {}
 
 impl Module {
     /// Loads `cubin` on `device` and resolves every kernel of `kernels`, raising the dynamic
-    /// shared-memory limit where a kernel needs more than 48 KB.
+    /// shared-memory limit where a kernel needs more than a block gets without opting in.
     pub fn load(device: Arc<Device>, cubin: &[u8], kernels: &[KernelSpec]) -> Result<Module> {
         for k in kernels {
             if k.smem_bytes > device.smem_optin {
@@ -167,7 +186,7 @@ impl Module {
             let f =
                 unsafe { cu::module::get_function(m.module, name) }.map_err(|e| drv_err("cuModuleGetFunction", e))?;
             let mut k = k.clone();
-            if k.smem_bytes > 48 * 1024 {
+            if k.smem_bytes > device.target.smem_per_block {
                 set_max_dynamic_smem(f, k.smem_bytes)?;
                 if dependent && k.dep_wait && k.cluster == [1; 3] {
                     let padded = one_wave_smem(f, &k, &device)?;
@@ -263,14 +282,15 @@ fn one_wave_smem(f: sys::CUfunction, k: &KernelSpec, device: &Device) -> Result<
     if need < 2 || fits(k.smem_bytes)? <= need || device.smem_per_sm == 0 {
         return Ok(k.smem_bytes);
     }
-    // Each block also reserves 1 KB of the SM's shared memory.
-    let mut bytes = (device.smem_per_sm / (need + 1)).saturating_sub(1024).max(k.smem_bytes);
+    // Each block also reserves some of the SM's shared memory (1 KiB); steps of that size.
+    let step = device.target.smem_reserved_per_block.max(1);
+    let mut bytes = (device.smem_per_sm / (need + 1)).saturating_sub(step).max(k.smem_bytes);
     while bytes <= device.smem_optin {
         set_max_dynamic_smem(f, bytes)?;
         if fits(bytes)? <= need {
             return Ok(bytes);
         }
-        bytes += 1024;
+        bytes += step;
     }
     Ok(k.smem_bytes)
 }

@@ -31,8 +31,10 @@ impl Executable {
     /// NAME's block or dynamic shared memory (a hand variant with another warpgroup).
     pub fn with_source(g: &KernelGraph, ordinal: i32, source: Option<String>) -> Result<Executable> {
         let device = driver::device(ordinal)?;
-        let mut program =
-            generate(g, &Options { smem_limit: Some(device.smem_optin), ..Options::for_arch_from_env(device.arch)? })?;
+        let mut program = generate(
+            g,
+            &Options { smem_limit: Some(device.smem_optin), ..Options::for_target_from_env(device.target)? },
+        )?;
         if let Some(s) = source {
             override_launches(&mut program.kernels, &s)?;
             program.source = s;

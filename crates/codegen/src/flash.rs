@@ -17,8 +17,7 @@
 //! O, L and X are then ordinary tiles of the post-loop section: `Flash::finish` writes them
 //! with exactly the values the block-graph semantics give (up to rounding).
 
-use mirage_ugraph::block::ONE_WAVE_BLOCKS;
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, Phase, STensorId, UnaryOp};
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, Phase, STensorId, Target, UnaryOp};
 
 /// A matched attention region.
 #[derive(Debug, Clone)]
@@ -51,9 +50,12 @@ pub(crate) struct FlashRegion {
     pub n: usize,
     /// Value width.
     pub dv: usize,
-    /// The grid fits one wave (`ONE_WAVE_BLOCKS`): an SM holds one block at most, so the
-    /// warps may use more registers.
+    /// The grid fits one wave (the target's `Budgets::one_wave_blocks`): an SM holds one
+    /// block at most, so the warps may use more registers.
     pub one_wave: bool,
+    /// Most fragment registers a warp may hold ([`FlashRegion::regs`]; the target's
+    /// `Budgets::flash_fragment_regs`).
+    pub frag_regs: usize,
     /// Row groups and key slices per warpgroup when the region runs on warpgroup tensor cores
     /// (`mi::FlashWG`, sm_90a; set by the emitter from [`FlashRegion::wgmma`]).
     pub wg: Option<(usize, usize)>,
@@ -87,7 +89,7 @@ impl FlashRegion {
             && nt <= 256
             && mw.is_multiple_of(rg2)
             && busy(rg2) >= busy(base)
-            && self.regs(rg2, slices(rg2)) <= 160
+            && self.regs(rg2, slices(rg2)) <= self.frag_regs
         {
             return (rg2, slices(rg2));
         }
@@ -178,7 +180,7 @@ impl FlashRegion {
 /// The attention region of `bg`, if it has exactly the form above and the block shape suits
 /// the runtime (batch items spread evenly over warps, whole 16-row groups per warp, 16-multiples elsewhere, bounded registers).
 /// `need[j]`: op j contributes to an output; `uses[t]`: the ops reading tile t.
-pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Option<FlashRegion> {
+pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>], target: &Target) -> Option<FlashRegion> {
     let nt: usize = bg.block_dim.iter().product();
     if !nt.is_multiple_of(32) || bg.forloop_range < 1 {
         return None;
@@ -311,7 +313,7 @@ pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Optio
             continue;
         }
         let batch: usize = lead(q).iter().product();
-        let one_wave = bg.num_blocks() <= ONE_WAVE_BLOCKS;
+        let one_wave = bg.num_blocks() <= target.budgets.one_wave_blocks;
         let f = FlashRegion {
             ops: region,
             q,
@@ -327,6 +329,7 @@ pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Optio
             n,
             dv,
             one_wave,
+            frag_regs: target.budgets.flash_fragment_regs,
             wg: None,
         };
         if !(m.is_multiple_of(16) && d.is_multiple_of(16) && n.is_multiple_of(16) && dv.is_multiple_of(16)) {
@@ -342,7 +345,7 @@ pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>]) -> Optio
             continue;
         }
         let (rg, ks) = f.warps(nt);
-        if f.regs(rg, ks) > 160 {
+        if f.regs(rg, ks) > f.frag_regs {
             continue;
         }
         return Some(f);

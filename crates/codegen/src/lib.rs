@@ -50,10 +50,10 @@ pub mod resources;
 mod rowreg;
 pub mod sass;
 
-pub use block_kernel::SM90_SMEM_BYTES;
 pub use error::{Error, Result};
 pub use exec::Executable;
 pub use generate::{generate, Options, WsWarpgroups, RUNTIME_HEADER};
+pub use mirage_ugraph::Target;
 pub use program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};
 pub use resources::{KernelResources, PtxasReport};
 pub use sass::KernelSass;

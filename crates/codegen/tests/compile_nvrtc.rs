@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use mirage_codegen::{generate, nvrtc, sass, Options, WsWarpgroups};
 use mirage_ugraph::zoo::{self, Attn};
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph, KernelOpKind, UnaryOp};
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, DType, KernelGraph, KernelOpKind, Target, UnaryOp};
 
 /// Points NVRTC discovery at the repository's virtualenv when nothing else is configured.
 fn setup() -> bool {
@@ -444,6 +444,28 @@ fn warp_specialised_attention_compiles() {
             }
         }
     }
+}
+
+#[test]
+fn the_target_decides_one_wave_and_the_register_split() {
+    // 128 blocks are one wave on the H100 (the warp-specialised form, its register split from
+    // the target's budgets); on a target whose wave is 100 blocks, the plain loop.
+    let g = one_kernel_attention(
+        Attn { b: 128, h: 128, d: 64, s: 1024, splits: 1, frange: 8, qsplit: 1 },
+        DType::Float16,
+        256,
+    );
+    let h100 = Target::sm90();
+    let mut budgets = h100.budgets;
+    budgets.ws_producer_regs += 8;
+    budgets.ws_consumer_regs -= 8;
+    let src = generate(&g, &Options::for_target(Target { budgets, ..h100 })).unwrap().source;
+    let dec = format!("setmaxnreg_dec<{}>", budgets.ws_producer_regs);
+    let inc = format!("setmaxnreg_inc<{}>", budgets.ws_consumer_regs);
+    assert!(src.contains("fa.run_ws<") && src.contains(&dec) && src.contains(&inc));
+    budgets.one_wave_blocks = 100;
+    let src = generate(&g, &Options::for_target(Target { budgets, ..h100 })).unwrap().source;
+    assert!(!src.contains("fa.run_ws<"));
 }
 
 /// The interleaved form's test graphs: fp16 and bf16, 64 blocks split in a cluster of two or

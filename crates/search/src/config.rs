@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::axioms::SaturationLimits;
 use crate::cost::CostModel;
+use mirage_ugraph::Target;
 
 /// A snapshot of a running search, passed to the progress callback.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,7 +90,7 @@ pub struct SearchConfig {
     pub franges: Option<Vec<usize>>,
     /// Blocks per grid axis that generated grids use (an index of one of these sizes may be
     /// split fully, one block per value). Besides powers of two, 96 and 192: an index of
-    /// 3 * 2^k (768, 3072, 6144 columns) then gets a grid of about one wave of an H100's 132 SMs.
+    /// 3 * 2^k (768, 3072, 6144 columns) then gets a grid of about one wave of an H100's SMs.
     /// Two: QK-norm attention's 256 query rows in two blocks of two warpgroups each.
     pub grid_sizes: Vec<usize>,
     /// An index of at most this size may also be split fully (one block per index value),
@@ -128,6 +129,9 @@ pub struct SearchConfig {
     pub keep_per_signature: usize,
     /// The ranking model.
     pub cost_model: CostModel,
+    /// The GPU the candidates are priced for (SM count, pipelining budgets, cluster rules,
+    /// the co-resident twins' cap); [`Target::sm90`] by default.
+    pub target: Target,
     /// Replace candidates that are equivalent but unstable in their precision (a plain `exp`
     /// accumulated in fp16) by their online-softmax rewrite when it checks as stable.
     pub online_softmax: bool,
@@ -161,6 +165,7 @@ impl Default for SearchConfig {
             verify: VerifyOptions::default(),
             keep_per_signature: 2,
             cost_model: CostModel::default(),
+            target: Target::sm90(),
             online_softmax: true,
         }
     }
@@ -220,6 +225,7 @@ impl fmt::Debug for SearchConfig {
             .field("verify", &self.verify)
             .field("keep_per_signature", &self.keep_per_signature)
             .field("cost_model", &self.cost_model)
+            .field("target", &self.target)
             .field("online_softmax", &self.online_softmax)
             .finish()
     }

@@ -15,9 +15,10 @@
 //! Predefined ops are library kernels: they move their operands and result once, at full
 //! utilisation. A kernel whose loop the code generator splits across thread-block clusters
 //! (`BlockGraph::cluster_split`) is priced in that form, plus the merge.
-//! Defaults are the H100 numbers of docs/reference.md (baselines on the H100).
+//! Defaults are the H100 numbers of docs/reference.md (baselines on the H100); the SM count,
+//! pipelining budgets and cluster rules come from the [`Target`] the functions are given.
 
-use mirage_ugraph::{BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Phase};
+use mirage_ugraph::{BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Phase, Target};
 
 /// Machine parameters of the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,8 +40,6 @@ pub struct CostModel {
     pub register_loop_step_us: f64,
     /// Latency of a DRAM round trip, microseconds.
     pub dram_latency_us: f64,
-    /// Streaming multiprocessors.
-    pub num_sms: usize,
     /// Rate of the loop-body ops that compute a matmul operand from a streamed (for-loop)
     /// input tile, flops per microsecond (see [`streamed_operand_flops`]). Such an operand is
     /// rebuilt through shared memory every iteration, behind a barrier, on the CUDA cores
@@ -68,7 +67,6 @@ impl Default for CostModel {
             loop_step_us: 0.6,
             register_loop_step_us: 0.05,
             dram_latency_us: 0.8,
-            num_sms: 132,
             streamed_operand_flops_per_us: 5.0e6,
             cluster_merge_us: 0.5,
             dram_saturating_blocks: 96,
@@ -115,15 +113,15 @@ fn matmul_flops(a: &[usize], b: &[usize]) -> u64 {
 }
 
 /// Cost of one customized kernel: of its thread-block-cluster form where it has one
-/// ([`BlockGraph::cluster_split`]: what the code generator emits), plus the merge.
-pub fn block_graph_cost(bg: &BlockGraph, m: &CostModel) -> Cost {
-    match bg.cluster_split() {
+/// ([`BlockGraph::cluster_split`]: what the code generator emits), plus the merge, on `t`.
+pub fn block_graph_cost(bg: &BlockGraph, m: &CostModel, t: &Target) -> Cost {
+    match bg.cluster_split(t) {
         Some((_, cs, g)) => {
-            let mut c = launch_cost(&g, m, cs as u64);
+            let mut c = launch_cost(&g, m, t, cs as u64);
             c.est_us += m.cluster_merge_us;
             c
         }
-        None => launch_cost(bg, m, 1),
+        None => launch_cost(bg, m, t, 1),
     }
 }
 
@@ -148,14 +146,14 @@ pub fn stage_bytes(bg: &BlockGraph) -> (usize, usize) {
 }
 
 /// Cost of one launch of `bg` whose outputs are written by one block in `cs` (the rest of a
-/// cluster merge into it).
-fn launch_cost(bg: &BlockGraph, m: &CostModel, cs: u64) -> Cost {
+/// cluster merge into it), on `t`.
+fn launch_cost(bg: &BlockGraph, m: &CostModel, t: &Target, cs: u64) -> Cost {
     let blocks = bg.num_blocks() as u64;
     let f = bg.forloop_range as u64;
     let mut c = Cost { launches: 1, shared_memory: bg.shared_memory_upper_bound(), ..Cost::default() };
     let mut flops_per_block = 0u64;
     let (staged, other) = stage_bytes(bg);
-    let stages = bg.pipeline_stages(staged, other);
+    let stages = bg.pipeline_stages(staged, other, t);
     for op in &bg.ops {
         let times = match op.outputs.first().map(|&t| bg.tensors[t].phase) {
             Some(Phase::Loop) => f,
@@ -181,7 +179,7 @@ fn launch_cost(bg: &BlockGraph, m: &CostModel, cs: u64) -> Cost {
     }
     c.flops = flops_per_block * blocks;
     let streamed_us = (streamed_operand_flops(bg) * f * blocks) as f64 / m.streamed_operand_flops_per_us;
-    let sms = m.num_sms.max(1) as u64;
+    let sms = t.num_sms.max(1) as u64;
     let waves = blocks.div_ceil(sms).max(1);
     let util = blocks as f64 / (waves * sms) as f64;
     let saturating = m.dram_saturating_blocks.clamp(1, sms as usize) as u64;
@@ -236,14 +234,14 @@ pub fn streamed_operand_flops(bg: &BlockGraph) -> u64 {
         .sum()
 }
 
-/// Cost of a whole kernel graph (predefined ops and customized kernels).
-pub fn kernel_graph_cost(g: &KernelGraph, m: &CostModel) -> Cost {
+/// Cost of a whole kernel graph (predefined ops and customized kernels) on `t`.
+pub fn kernel_graph_cost(g: &KernelGraph, m: &CostModel, t: &Target) -> Cost {
     let mut total = Cost::default();
     for op in &g.ops {
         let bytes = |t: usize| numel(&g.tensors[t].dims) * g.tensors[t].dtype.size_bytes() as u64;
         let c = match &op.kind {
             KernelOpKind::Input { .. } => continue,
-            KernelOpKind::Customized { graph } => block_graph_cost(graph, m),
+            KernelOpKind::Customized { graph } => block_graph_cost(graph, m, t),
             kind => {
                 let io: u64 = op.inputs.iter().chain(&op.outputs).map(|&t| bytes(t)).sum();
                 let d = |i: usize| g.tensors[op.inputs[i]].dims.as_slice();
@@ -266,6 +264,8 @@ mod tests {
     use super::*;
     use mirage_ugraph::{Accum, DType};
 
+    const H100: Target = Target::sm90();
+
     /// `P (norm(V_tile))` summed over the loop: with or without the norm of the streamed tile.
     fn pv(norm_v: bool) -> BlockGraph {
         let mut bg = BlockGraph::new([1, 1, 1], [128, 1, 1], 4, 64).expect("grid");
@@ -286,7 +286,8 @@ mod tests {
         // Priced in the compute term, which here is under the loop's serial chain; a model
         // with a slow enough rate shows it.
         let slow = CostModel { streamed_operand_flops_per_us: 1.0, ..CostModel::default() };
-        let extra = block_graph_cost(&pv(true), &slow).est_us - block_graph_cost(&pv(false), &slow).est_us;
+        let extra =
+            block_graph_cost(&pv(true), &slow, &H100).est_us - block_graph_cost(&pv(false), &slow, &H100).est_us;
         assert!(extra >= (3 * 64 * 64 * 4) as f64 * 0.99, "extra {extra} us");
     }
 
@@ -306,13 +307,13 @@ mod tests {
     fn a_wave_of_fewer_blocks_than_sms_still_saturates_dram() {
         let m = CostModel::default();
         let (g96, g128) = (gemv(96), gemv(128));
-        assert!(g96.cluster_split().is_none() && g128.cluster_split().is_none());
+        assert!(g96.cluster_split(&H100).is_none() && g128.cluster_split(&H100).is_none());
         // DRAM-bound either way: 96 blocks of 64 columns are not priced above 128 of 48.
-        let (e96, e128) = (block_graph_cost(&g96, &m).est_us, block_graph_cost(&g128, &m).est_us);
+        let (e96, e128) = (block_graph_cost(&g96, &m, &H100).est_us, block_graph_cost(&g128, &m, &H100).est_us);
         assert!(e96 <= e128 + 1e-9, "96 blocks {e96} us, 128 blocks {e128} us");
         // Counting every SM as needed for DRAM's bandwidth prices the 96 over a fifth higher.
-        let all = CostModel { dram_saturating_blocks: m.num_sms, ..m.clone() };
-        assert!(block_graph_cost(&g96, &all).est_us > 1.2 * e128, "the idle SMs' share");
+        let all = CostModel { dram_saturating_blocks: H100.num_sms, ..m.clone() };
+        assert!(block_graph_cost(&g96, &all, &H100).est_us > 1.2 * e128, "the idle SMs' share");
     }
 
     /// Split-KV attention's combine step over `splits` slices (4 rows of 64 per block), or
@@ -332,8 +333,8 @@ mod tests {
         let (reg, gen) = (combine(64, false), combine(64, true));
         assert!(reg.is_elementwise() && !gen.is_elementwise());
         // 128 blocks, one wave: 64 steps of the register loop instead of 64 barrier steps.
-        let est = block_graph_cost(&reg, &m).est_us;
+        let est = block_graph_cost(&reg, &m, &H100).est_us;
         assert!(est < 64.0 * m.loop_step_us / 4.0, "register loop {est} us");
-        assert!(block_graph_cost(&gen, &m).est_us >= 64.0 * m.loop_step_us, "general loop");
+        assert!(block_graph_cost(&gen, &m, &H100).est_us >= 64.0 * m.loop_step_us, "general loop");
     }
 }

@@ -843,7 +843,7 @@ impl<'a> Dfs<'a> {
                 return None;
             }
         };
-        let cost = block_graph_cost(&graph, &self.env.cfg.cost_model);
+        let cost = block_graph_cost(&graph, &self.env.cfg.cost_model, &self.env.cfg.target);
         let key = self.key(st, &placed);
         Some(BlockSolution { graph, outputs: placed.into_iter().map(|p| p.2).collect(), cost, key })
     }

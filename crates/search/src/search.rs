@@ -17,9 +17,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mirage_ugraph::block::{CO_RESIDENT_SMEM, ONE_WAVE_BLOCKS};
 use mirage_ugraph::types::row_major_strides;
-use mirage_ugraph::{graph_hash, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, UnaryOp};
+use mirage_ugraph::{graph_hash, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Target, UnaryOp};
 use rayon::prelude::*;
 
 use crate::axioms::SaturationReport;
@@ -269,7 +268,7 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig, start: std::time::Instant) -
     let total = candidates.len();
     let (verified, failed, online_softmax_rewrites) = verify_all(reference, cfg, &ctl, &mut candidates);
     if cfg.verify.co_resident {
-        add_twins(&mut candidates, &cfg.cost_model);
+        add_twins(&mut candidates, &cfg.cost_model, &cfg.target);
     }
     let c = &ctl.counters;
     let stats = SearchStats {
@@ -502,7 +501,7 @@ fn build_candidates(reference: &KernelGraph, ctx: &Ctx<'_>, specs: &[Vec<KStep>]
                 let g = build_graph(reference, ctx, steps, &choice)?;
                 let customized = g.ops.iter().filter(|o| matches!(o.kind, KernelOpKind::Customized { .. })).count();
                 out.push(Candidate {
-                    cost: kernel_graph_cost(&g, &ctx.env.cfg.cost_model),
+                    cost: kernel_graph_cost(&g, &ctx.env.cfg.cost_model, &ctx.env.cfg.target),
                     hash: graph_hash(&g),
                     graph: g,
                     customized_kernels: customized,
@@ -556,7 +555,7 @@ fn check_candidate(checker: &Checker<'_>, cfg: &SearchConfig, c: &Candidate) -> 
         .flatten()
         .filter(|g| checker.check(g) == Verification::Passed)
         .map(|g| Candidate {
-            cost: kernel_graph_cost(&g, &cfg.cost_model),
+            cost: kernel_graph_cost(&g, &cfg.cost_model, &cfg.target),
             hash: graph_hash(&g),
             customized_kernels: c.customized_kernels,
             graph: g,
@@ -649,11 +648,11 @@ fn launch(bg: &BlockGraph) -> (usize, usize, usize) {
 /// The launch of the candidate's costliest customized kernel (by the model): the kernel whose
 /// tile shape decides the run time, where the others (a split-KV combine, a norm of one
 /// operand) change it little.
-fn main_launch(g: &KernelGraph, m: &CostModel) -> Option<(usize, usize, usize)> {
+fn main_launch(g: &KernelGraph, m: &CostModel, t: &Target) -> Option<(usize, usize, usize)> {
     g.ops
         .iter()
         .filter_map(|op| match &op.kind {
-            KernelOpKind::Customized { graph } => Some((block_graph_cost(graph, m).est_us, launch(graph))),
+            KernelOpKind::Customized { graph } => Some((block_graph_cost(graph, m, t).est_us, launch(graph))),
             _ => None,
         })
         .max_by(|a, b| a.0.total_cmp(&b.0))
@@ -678,7 +677,7 @@ const VARIANTS_PER_MAIN: usize = 6;
 /// occupancy, which operands the generated code can stream), so the verified set, which a GPU
 /// then times, spans structures and main-kernel shapes as well as a few variants of each
 /// (one attention kernel with several shapes of its small combine kernel).
-fn check_order(cands: &[Candidate], spread: bool, m: &CostModel) -> Vec<usize> {
+fn check_order(cands: &[Candidate], spread: bool, m: &CostModel, t: &Target) -> Vec<usize> {
     let (mut structures, mut mains, mut shapes) = (HashSet::new(), HashSet::new(), HashSet::new());
     let mut variants: HashMap<_, usize> = HashMap::new();
     let reach = cands.first().map_or(0.0, |c| c.cost.est_us * MAIN_SHAPE_REACH);
@@ -694,7 +693,7 @@ fn check_order(cands: &[Candidate], spread: bool, m: &CostModel) -> Vec<usize> {
                 3
             }
         } else {
-            let main = (structure.clone(), main_launch(&c.graph, m));
+            let main = (structure.clone(), main_launch(&c.graph, m, t));
             let n = variants.entry(main.clone()).or_insert(0);
             *n += usize::from(new_shape);
             if structures.insert(structure) {
@@ -729,7 +728,7 @@ const CO_RESIDENT_TWINS: usize = 32;
 
 /// Places after each of the first [`CO_RESIDENT_TWINS`] verified candidates that has a
 /// one-wave streaming kernel ([`co_resident`]) its twin: the same graph with those kernels'
-/// stages capped at [`CO_RESIDENT_SMEM`] (`BlockGraph::smem_cap`), so that two blocks share
+/// stages capped at the target's [`Target::co_resident_smem`] (`BlockGraph::smem_cap`), so that two blocks share
 /// an SM. Consecutive calls of a kernel launched as a programmatic dependent then overlap:
 /// the next call's blocks arrive while this call's drain and prefetch their first stages,
 /// which one block per SM forbids; fewer stages keep fewer loads in flight. Which pays is a
@@ -739,19 +738,19 @@ const CO_RESIDENT_TWINS: usize = 32;
 ///
 /// Each of the first [`WARPGROUP_TWINS`] verified candidates, and its co-resident twin, also
 /// gets a warpgroup twin ([`warpgroup_twin`]) after it.
-fn add_twins(cands: &mut Vec<Candidate>, m: &CostModel) {
+fn add_twins(cands: &mut Vec<Candidate>, m: &CostModel, t: &Target) {
     let mut out = Vec::with_capacity(cands.len() + CO_RESIDENT_TWINS + 2 * WARPGROUP_TWINS);
     let mut twins = 0;
     for c in cands.drain(..) {
         let passed = c.verification == Verification::Passed;
         let twin_of = |g: KernelGraph| Candidate {
-            cost: kernel_graph_cost(&g, m),
+            cost: kernel_graph_cost(&g, m, t),
             hash: graph_hash(&g),
             customized_kernels: c.customized_kernels,
             graph: g,
             verification: Verification::Passed,
         };
-        let co = (twins < CO_RESIDENT_TWINS && passed).then(|| co_resident_twin(&c.graph)).flatten().map(twin_of);
+        let co = (twins < CO_RESIDENT_TWINS && passed).then(|| co_resident_twin(&c.graph, t)).flatten().map(twin_of);
         let wg =
             |g: &KernelGraph| (twins < WARPGROUP_TWINS && passed).then(|| warpgroup_twin(g)).flatten().map(twin_of);
         let (wg_c, wg_co) = (wg(&c.graph), co.as_ref().and_then(|t| wg(&t.graph)));
@@ -791,14 +790,14 @@ fn warpgroup_twin(g: &KernelGraph) -> Option<KernelGraph> {
 }
 
 /// `g` with the stages of its one-wave streaming kernels ([`co_resident`]) capped at
-/// [`CO_RESIDENT_SMEM`]; None where it has none.
-fn co_resident_twin(g: &KernelGraph) -> Option<KernelGraph> {
+/// `t`'s [`Target::co_resident_smem`]; None where it has none.
+fn co_resident_twin(g: &KernelGraph, t: &Target) -> Option<KernelGraph> {
     let mut twin = g.clone();
     let mut any = false;
     for op in &mut twin.ops {
         if let KernelOpKind::Customized { graph } = &mut op.kind {
-            if co_resident(graph) {
-                graph.smem_cap = Some(CO_RESIDENT_SMEM);
+            if co_resident(graph, t) {
+                graph.smem_cap = Some(t.co_resident_smem());
                 any = true;
             }
         }
@@ -806,10 +805,10 @@ fn co_resident_twin(g: &KernelGraph) -> Option<KernelGraph> {
     any.then_some(twin)
 }
 
-/// Whether capping `bg`'s stages at [`CO_RESIDENT_SMEM`] changes its kernel and leaves it
+/// Whether capping `bg`'s stages at `t`'s [`Target::co_resident_smem`] changes its kernel and leaves it
 /// pipelined: a loop of one wave of blocks (in its cluster form, as generated) whose stages
 /// take more than the cap, and of which two stages or more fit under it; no attention loop.
-fn co_resident(bg: &BlockGraph) -> bool {
+fn co_resident(bg: &BlockGraph, t: &Target) -> bool {
     // (An attention loop, its running max and rescaled sums, takes its stages by the
     // generator's own rules, not the cap.)
     let attention =
@@ -817,14 +816,15 @@ fn co_resident(bg: &BlockGraph) -> bool {
     if attention || bg.smem_cap.is_some() || bg.forloop_range < 2 {
         return false;
     }
-    let g = bg.cluster_split().map_or_else(|| bg.clone(), |(_, _, g)| g);
+    let g = bg.cluster_split(t).map_or_else(|| bg.clone(), |(_, _, g)| g);
     let (staged, other) = stage_bytes(&g);
-    let full = g.pipeline_stages(staged, other);
-    let capped = BlockGraph { smem_cap: Some(CO_RESIDENT_SMEM), ..g };
+    let full = g.pipeline_stages(staged, other, t);
+    let cap = t.co_resident_smem();
+    let capped = BlockGraph { smem_cap: Some(cap), ..g };
     staged > 0
-        && capped.num_blocks() <= ONE_WAVE_BLOCKS
-        && other + full * staged > CO_RESIDENT_SMEM
-        && capped.pipeline_stages(staged, other) >= 2
+        && capped.num_blocks() <= t.budgets.one_wave_blocks
+        && other + full * staged > cap
+        && capped.pipeline_stages(staged, other, t) >= 2
 }
 
 /// Checks candidates in [`check_order`] until `top_n` distinct ones pass as stable
@@ -840,7 +840,7 @@ fn verify_all(
     cands: &mut Vec<Candidate>,
 ) -> (usize, usize, usize) {
     let want = cfg.verify.top_n;
-    let order = check_order(cands, cfg.verify.spread, &cfg.cost_model);
+    let order = check_order(cands, cfg.verify.spread, &cfg.cost_model, &cfg.target);
     let (mut stable, mut unstable, mut failed, mut rewrites, mut next) = (0, 0, 0, 0, 0);
     let mut seen: HashSet<String> = HashSet::new();
     let checker = Checker::new(reference, &cfg.verify);

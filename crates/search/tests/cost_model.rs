@@ -2,19 +2,21 @@
 
 use mirage_search::cost::{block_graph_cost, kernel_graph_cost, CostModel};
 use mirage_search::{superoptimize, SearchConfig};
-use mirage_ugraph::{zoo, DType};
+use mirage_ugraph::{zoo, DType, Target};
+
+const H100: Target = Target::sm90();
 
 #[test]
 fn fused_rmsnorm_linear_is_cheaper_than_the_program() {
     let pair = zoo::rmsnorm_linear(16, 4096, 4096, 64, 64, DType::Float16).expect("zoo");
     let m = CostModel::default();
-    let plain = kernel_graph_cost(&pair.reference, &m);
+    let plain = kernel_graph_cost(&pair.reference, &m, &H100);
     let r = superoptimize(&pair.reference, &SearchConfig::default()).expect("search runs");
     let best = r.best().expect("a candidate");
-    assert_eq!(best.cost, kernel_graph_cost(&best.graph, &m));
+    assert_eq!(best.cost, kernel_graph_cost(&best.graph, &m, &H100));
     let fused = best.cost;
-    // The zoo's 64-block grid fills under half of 132 SMs: the model prefers more blocks.
-    let zoo_cost = kernel_graph_cost(&pair.ugraph, &m);
+    // The zoo's 64-block grid fills under half of an H100's SMs: the model prefers more blocks.
+    let zoo_cost = kernel_graph_cost(&pair.ugraph, &m, &H100);
     assert!(fused.est_us <= zoo_cost.est_us);
     assert_eq!(plain.launches, 2);
     assert_eq!(fused.launches, 1);
@@ -50,10 +52,10 @@ fn small_grids_are_priced_as_their_cluster_split() {
             _ => None,
         })
         .expect("a customized op");
-    let (_, cs, split) = bg.cluster_split().expect("a cluster form");
+    let (_, cs, split) = bg.cluster_split(&H100).expect("a cluster form");
     assert_eq!((cs, split.num_blocks()), (8, 120));
-    let c = block_graph_cost(&bg, &m);
-    let s = block_graph_cost(&split, &m);
+    let c = block_graph_cost(&bg, &m, &H100);
+    let s = block_graph_cost(&split, &m, &H100);
     // Within the time of the split graph's seven extra output copies (108 KB).
     assert!((c.est_us - s.est_us - m.cluster_merge_us).abs() < 0.05, "{c:?} vs {s:?}");
     let (x, w, out) = (2 * 4096 * 2, 4096 * 3840 * 2, 2 * 3840 * 2);

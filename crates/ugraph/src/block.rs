@@ -19,42 +19,14 @@ use serde::{Deserialize, Serialize};
 use crate::error::{invalid, shape_err, Result};
 use crate::limits::{check_size, checked_size_mul, MAX_EXTENT};
 use crate::ops::{broadcast_dims, concat_dims, matmul_dims, reduce_dims, Accum, BinaryOp, UnaryOp};
+use crate::target::Target;
 use crate::types::{check_dims, numel, resolve_dim, same_dtype, DType};
 
 /// Most buffers (pipeline stages) a per-iteration input tile gets in shared memory.
 pub const MAX_PIPELINE_STAGES: usize = 4;
-/// Shared memory per block up to which input tiles are multi-buffered (two blocks fit an
-/// H100 SM, one an A100 SM); fewer stages are used above it.
-pub const PIPELINE_SMEM_BUDGET: usize = 100 * 1024;
-/// Grids of at most this many blocks run one block per SM on the targets (132 SMs on an
-/// H100 or H200), so nothing is gained by leaving room for a second block.
-pub const ONE_WAVE_BLOCKS: usize = 132;
-/// The pipelining budget of a one-wave grid: deeper pipelines keep more loads in flight
-/// (within the 163 KiB an A100 block may opt into).
-pub const ONE_WAVE_SMEM_BUDGET: usize = 160 * 1024;
-/// Shared memory of a block that leaves room for a second one on an SM (228 KiB an H100 or
-/// H200 SM, less 1 KiB reserved per block, halved): the cap of a co-resident twin
-/// ([`BlockGraph::smem_cap`]).
-pub const CO_RESIDENT_SMEM: usize = 113 * 1024;
 /// Most blocks of one thread-block cluster that share a block's for-loop
-/// ([`BlockGraph::cluster_split`]).
+/// ([`BlockGraph::cluster_split`]), within the target's portable cluster size.
 pub const MAX_CLUSTER_SPLIT: usize = 8;
-/// Most blocks resident at once, one per SM, in clusters of more than two: an H200 (132 SMs)
-/// fits 30 clusters of 4 or 15 of 8 (`cudaOccupancyMaxActiveClusters` at 136 KiB per block)
-/// but 66 of 2; on the H100, grids of 128 blocks in clusters of 4 or 8 ran 1.5-2x slower than
-/// in clusters of 2, as two waves would.
-pub const WIDE_CLUSTER_BLOCKS: usize = 120;
-
-/// Shared memory up to which a kernel of `blocks` thread blocks multi-buffers its loop's
-/// input tiles: [`ONE_WAVE_SMEM_BUDGET`] for at most [`ONE_WAVE_BLOCKS`] blocks, else
-/// [`PIPELINE_SMEM_BUDGET`].
-pub fn pipeline_budget(blocks: usize) -> usize {
-    if blocks <= ONE_WAVE_BLOCKS {
-        ONE_WAVE_SMEM_BUDGET
-    } else {
-        PIPELINE_SMEM_BUDGET
-    }
-}
 
 /// Index of a tensor in its block graph.
 pub type STensorId = usize;
@@ -215,7 +187,7 @@ pub struct BlockGraph {
     pub tensors: Vec<STensor>,
     /// A cap on the shared memory the loop's pipeline stages may take
     /// ([`BlockGraph::pipeline_budget`]); None: the grid's budget. The search's co-resident
-    /// twin of a one-wave streaming kernel sets [`CO_RESIDENT_SMEM`], so that the next call's
+    /// twin of a one-wave streaming kernel sets [`Target::co_resident_smem`], so that the next call's
     /// blocks fit beside this call's and prefetch while it drains.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smem_cap: Option<usize>,
@@ -313,24 +285,25 @@ impl BlockGraph {
     }
 
     /// Shared memory up to which the loop's input tiles are multi-buffered
-    /// ([`pipeline_budget`] of the grid's block count, within [`BlockGraph::smem_cap`]).
-    pub fn pipeline_budget(&self) -> usize {
-        let b = pipeline_budget(self.num_blocks());
+    /// on `target` ([`Target::pipeline_budget`] of the grid's block count, within
+    /// [`BlockGraph::smem_cap`]).
+    pub fn pipeline_budget(&self, target: &Target) -> usize {
+        let b = target.pipeline_budget(self.num_blocks());
         self.smem_cap.map_or(b, |c| c.min(b))
     }
 
     /// Pipeline stages the code generator gives the per-iteration input tiles: up to
     /// [`MAX_PIPELINE_STAGES`] (never more than the loop's range) while the block's shared
-    /// memory stays within [`BlockGraph::pipeline_budget`]. `staged` and `other` are the bytes of one
+    /// memory stays within [`BlockGraph::pipeline_budget`] on `target`. `staged` and `other` are the bytes of one
     /// stage of those tiles and of everything else. The rule both the generator and the cost
     /// model follow, but for one form: a warpgroup attention that normalises its V stages may
     /// take stages up to the whole shared memory (the generator's `Step::Flash`).
-    pub fn pipeline_stages(&self, staged: usize, other: usize) -> usize {
+    pub fn pipeline_stages(&self, staged: usize, other: usize, target: &Target) -> usize {
         if staged == 0 {
             return 1;
         }
         let mut s = MAX_PIPELINE_STAGES.min(self.forloop_range).max(1);
-        while s > 1 && other.saturating_add(s.saturating_mul(staged)) > self.pipeline_budget() {
+        while s > 1 && other.saturating_add(s.saturating_mul(staged)) > self.pipeline_budget(target) {
             s -= 1;
         }
         s
@@ -653,16 +626,18 @@ impl BlockGraph {
     /// accumulators (`forloop_accum_rescale`, merged by their maxima; attention) or only
     /// summing ones (`forloop_accum`, merged by addition; matmul and norm sums), the outputs
     /// are saved after the loop, a grid axis has size 1 and no grid axis of more than one
-    /// block runs along a for-loop dim; `cs` is the largest of [`MAX_CLUSTER_SPLIT`], ..., 2
-    /// that leaves at least two iterations per block and at most [`ONE_WAVE_BLOCKS`] blocks
-    /// ([`WIDE_CLUSTER_BLOCKS`] for clusters of more than two). `None` where no `cs` > 1 fits.
-    pub fn cluster_split(&self) -> Option<(usize, usize, BlockGraph)> {
-        self.cluster_split_within(MAX_CLUSTER_SPLIT)
+    /// block runs along a for-loop dim; `cs` is the largest of [`MAX_CLUSTER_SPLIT`] (within
+    /// `target`'s portable cluster size), ..., 2 that leaves at least two iterations per block
+    /// and at most `target`'s [`one_wave_blocks`](crate::target::Budgets::one_wave_blocks)
+    /// blocks ([`wide_cluster_blocks`](crate::target::Budgets::wide_cluster_blocks) for
+    /// clusters of more than two). `None` where no `cs` > 1 fits.
+    pub fn cluster_split(&self, target: &Target) -> Option<(usize, usize, BlockGraph)> {
+        self.cluster_split_within(MAX_CLUSTER_SPLIT, target)
     }
 
     /// [`BlockGraph::cluster_split`] with clusters of at most `most` blocks (the code generator
     /// retries with smaller clusters where a split block would need too much shared memory).
-    pub fn cluster_split_within(&self, most: usize) -> Option<(usize, usize, BlockGraph)> {
+    pub fn cluster_split_within(&self, most: usize, target: &Target) -> Option<(usize, usize, BlockGraph)> {
         let blocks = self.num_blocks();
         let loop_matmul = self
             .ops
@@ -684,8 +659,9 @@ impl BlockGraph {
             return None;
         }
         let f = self.forloop_range;
-        let cs = (2..=most.min(MAX_CLUSTER_SPLIT)).rev().find(|&cs| {
-            let most = if cs > 2 { WIDE_CLUSTER_BLOCKS } else { ONE_WAVE_BLOCKS };
+        let b = &target.budgets;
+        let cs = (2..=most.min(MAX_CLUSTER_SPLIT).min(target.max_cluster_portable)).rev().find(|&cs| {
+            let most = if cs > 2 { b.wide_cluster_blocks } else { b.one_wave_blocks };
             f.is_multiple_of(cs) && f / cs >= 2 && blocks * cs <= most
         })?;
         let mut g = self.clone();

@@ -157,17 +157,13 @@ pub(crate) fn flit(x: f32) -> String {
     }
 }
 
-/// C++ expression applying a unary op to `a`.
+/// C++ expression applying a unary op to `a`: the registry's device function (docs/ops.md).
 pub(crate) fn unary_expr(op: &UnaryOp, a: &str) -> String {
-    match *op {
-        UnaryOp::Exp => format!("mi::op_exp({a})"),
-        UnaryOp::Silu => format!("mi::op_silu({a})"),
-        UnaryOp::Gelu => format!("mi::op_gelu({a})"),
-        UnaryOp::Relu => format!("mi::op_relu({a})"),
-        UnaryOp::Sqrt => format!("mi::op_sqrt({a})"),
-        UnaryOp::Square => format!("mi::op_square({a})"),
-        UnaryOp::Clamp { min, max } => format!("mi::op_clamp({a}, {}, {})", flit(min), flit(max)),
-        UnaryOp::MulScalar { scalar } => format!("({a} * {})", flit(scalar)),
+    match (*op, op.def()) {
+        (UnaryOp::Clamp { min, max }, _) => format!("mi::op_clamp({a}, {}, {})", flit(min), flit(max)),
+        (UnaryOp::MulScalar { scalar }, _) => format!("({a} * {})", flit(scalar)),
+        (_, Some(d)) => format!("{}({a})", d.cuda),
+        (op, None) => unreachable!("unary op {} is neither in the registry nor has constants", op.name()),
     }
 }
 

@@ -192,4 +192,16 @@ mod tests {
         assert_eq!(flit(1.5), "1.5e0f");
         assert_eq!(flit(-0.25), "-2.5e-1f");
     }
+
+    #[test]
+    fn every_registry_op_calls_a_device_function_the_runtime_header_defines() {
+        let header = crate::generate::RUNTIME_HEADER;
+        for d in mirage_ugraph::UNARY_OPS {
+            assert_eq!(unary_expr(&d.op, "v"), format!("{}(v)", d.cuda), "{}", d.name);
+            let f =
+                d.cuda.strip_prefix("mi::").unwrap_or_else(|| panic!("{}: {} is not in namespace mi", d.name, d.cuda));
+            let def = format!("__device__ __forceinline__ float {f}(float x)");
+            assert!(header.contains(&def), "the runtime header lacks `{def}` for {}", d.name);
+        }
+    }
 }

@@ -494,3 +494,26 @@ pub fn output_terms(g: &KernelGraph, labels: &GraphLabels) -> Result<Vec<RecExpr
     let terms = kernel_terms(&mut b, g, labels)?;
     Ok(g.output_ids().iter().filter_map(|&t| terms[t]).map(|id| b.term(id)).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_registry_op_has_its_term_and_it_parses_back() {
+        for d in UNARY_OPS {
+            let mut b = TermBuilder::new();
+            let x = input_var(&mut b, 0).expect("builds");
+            let t = unary(&mut b, &d.op, x).expect("builds");
+            let want = format!("({} x0)", d.term);
+            assert_eq!(b.term(t).to_string(), want, "{}", d.name);
+            let parsed: RecExpr<Expr> = want.parse().expect("parses");
+            assert_eq!(parsed, b.term(t), "{}", d.name);
+        }
+        // Existing ops keep their own variants (the axioms' patterns name them).
+        let mut b = TermBuilder::new();
+        let x = input_var(&mut b, 0).expect("builds");
+        let t = unary(&mut b, &UnaryOp::Silu, x).expect("builds");
+        assert!(matches!(b.term(t).as_ref().last(), Some(Expr::Silu(_))));
+    }
+}

@@ -900,3 +900,18 @@ fn phase2(a: Phase, b: Phase) -> Result<Phase, Reject> {
         (p, _) => Ok(p),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generator_tries_every_registry_op_in_registry_order() {
+        let ops: Vec<UnaryOp> = unary_ops().collect();
+        assert_eq!(ops, UNARY_OPS.iter().map(|d| d.op).collect::<Vec<_>>());
+        for (u, d) in UNARY_OPS.iter().enumerate() {
+            let code = u8::try_from(u).expect("fewer than 256 unary ops");
+            assert_eq!(Code::Unary(code).kind(), BlockOpKind::Unary { op: d.op }, "{}", d.name);
+        }
+    }
+}

@@ -1,9 +1,9 @@
 //! Abstract expressions: what each tensor of a µGraph computes, up to tiling and layout.
 //!
 //! Every tensor — kernel-level or a block-level tile — gets a term over the language [`Expr`]:
-//! `+ - * / pow clamp`, the registry's unary terms (`exp sqrt square silu gelu relu tanh` ...), `(sum i n x)` (a sum of `n` terms over
-//! index `i`), `(rms i n x)` (a root mean square over `n` elements of index `i`) and
-//! `(max i n x)`. Sizes `n` are [`Expr::Num`] literals; indices `i` are [`Expr::Idx`] literals
+//! `+ - * / pow clamp`, the registry's unary terms (`exp sqrt square silu gelu relu tanh`,
+//! docs/ops.md), `(sum i n x)` (a sum of `n` terms over index `i`), `(rms i n x)` (a root mean
+//! square over `n` elements of index `i`) and `(max i n x)`. Sizes `n` are [`Expr::Num`] literals; indices `i` are [`Expr::Idx`] literals
 //! naming the index label ([`crate::labels`]) the sum runs over. Graph input `k` is the variable
 //! `xk`. A tile has the term of the whole tensor it is cut from: imaps and fmaps change only the
 //! sizes of the sums a block performs, never the term. The paper's terms carry sizes only; the

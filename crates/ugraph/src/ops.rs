@@ -1,8 +1,8 @@
 //! Shape rules and the binary ops and accumulators; the unary ops live in [`crate::registry`].
 //!
-//! Element-wise ops ([`UnaryOp`], from [`crate::registry`], and [`BinaryOp`]) are shared by all three graph levels; the
-//! structural ops of each level ([`crate::kernel::KernelOpKind`], [`crate::block::BlockOpKind`])
-//! call the shape rules below. Semantics of the accumulators are documented on [`Accum`].
+//! Element-wise ops ([`UnaryOp`], from [`crate::registry`], and [`BinaryOp`]) are shared by
+//! all three graph levels; the structural ops of each level ([`crate::kernel::KernelOpKind`],
+//! [`crate::block::BlockOpKind`]) call the shape rules below. Semantics of the accumulators are documented on [`Accum`].
 
 use serde::{Deserialize, Serialize};
 

@@ -16,6 +16,9 @@ MAX_RUN_BLOCKS: int
 #: the workspace crates, the CUDA runtime header, the manifests and Cargo.lock (computed when
 #: the extension is built; keys the search cache).
 __build_hash__: str
+#: The element-wise unary op registry: ``(name, doc)`` pairs in registry order (docs/ops.md);
+#: each is ``KernelGraph.unary(name, a)`` / ``BlockGraph.unary(name, a)``.
+UNARY_OPS: list[tuple[str, str]]
 
 class KernelGraph:
     def __init__(self) -> None: ...

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Union, overload
+from typing import TYPE_CHECKING, Any, Union, overload
 
 from . import _compat, _core, _cuda
 from ._args import MAX_NUMEL, as_dims, as_float, as_int
 from ._dtypes import DType, as_dtype, float16
+from ._ops import install_unary_methods
 from ._runtime import InputSpec, as_input_list, build_outputs, prepare_inputs
 from .tensor import DTensor
 from .threadblock import TBGraph
@@ -81,6 +82,10 @@ class KNGraph:
     def _wrap(self, tid: int) -> DTensor:
         return DTensor(self, tid)
 
+    if TYPE_CHECKING:
+        # The registry's unary ops (``exp``, ``silu``, ``tanh`` ...) are installed below.
+        def __getattr__(self, name: str) -> Callable[[DTensor], DTensor]: ...
+
     def _unary(self, name: str, A: DTensor, **params: float) -> DTensor:
         return self._wrap(self._core.unary(name, self._tid(name, A), **params))
 
@@ -117,30 +122,6 @@ class KNGraph:
     def matmul(self, A: DTensor, B: DTensor) -> DTensor:
         """Batched matmul ``[.., m, k] x [.., k, n] -> [.., m, n]``."""
         return self._wrap(self._core.matmul(self._tid("matmul", A), self._tid("matmul", B, "B")))
-
-    def exp(self, A: DTensor) -> DTensor:
-        """Element-wise ``e^A``."""
-        return self._unary("exp", A)
-
-    def silu(self, A: DTensor) -> DTensor:
-        """Element-wise ``A * sigmoid(A)``."""
-        return self._unary("silu", A)
-
-    def gelu(self, A: DTensor) -> DTensor:
-        """Element-wise GELU (erf form)."""
-        return self._unary("gelu", A)
-
-    def relu(self, A: DTensor) -> DTensor:
-        """Element-wise ``max(A, 0)``."""
-        return self._unary("relu", A)
-
-    def sqrt(self, A: DTensor) -> DTensor:
-        """Element-wise square root."""
-        return self._unary("sqrt", A)
-
-    def square(self, A: DTensor) -> DTensor:
-        """Element-wise ``A * A``."""
-        return self._unary("square", A)
 
     def clamp(self, A: DTensor, min_val: float, max_val: float) -> DTensor:
         """Element-wise ``min(max(A, min_val), max_val)``."""
@@ -538,3 +519,6 @@ class KNGraph:
         ins = ", ".join(f"{d.dims}:{d.dtype.name}" for d in self.inputs)
         n_out = len(self._core.output_ids())
         return f"KNGraph({self.num_ops} ops, inputs [{ins}], {n_out} outputs)"
+
+
+install_unary_methods(KNGraph)

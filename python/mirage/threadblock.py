@@ -9,10 +9,12 @@ as each op is added.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._args import MAX_EXTENT, as_dim3, as_float, as_int, as_map3
+from ._ops import install_unary_methods
 from .tensor import DTensor, STensor
 
 __all__ = ["TBGraph"]
@@ -47,6 +49,10 @@ class TBGraph:
 
     def _wrap(self, sid: int) -> STensor:
         return STensor(self, sid)
+
+    if TYPE_CHECKING:
+        # The registry's unary ops (``exp``, ``silu``, ``tanh`` ...) are installed below.
+        def __getattr__(self, name: str) -> Callable[[STensor], STensor]: ...
 
     def _unary(self, name: str, A: STensor, **params: float) -> STensor:
         return self._wrap(self._core.unary(name, self._sid(f"tb.{name}", A), **params))
@@ -89,35 +95,11 @@ class TBGraph:
         op = "tb.matmul"
         return self._wrap(self._core.matmul(self._sid(op, A), self._sid(op, B, "B")))
 
-    def exp(self, A: STensor) -> STensor:
-        """Element-wise ``e^A``."""
-        return self._unary("exp", A)
-
-    def silu(self, A: STensor) -> STensor:
-        """Element-wise ``A * sigmoid(A)``."""
-        return self._unary("silu", A)
-
-    def gelu(self, A: STensor) -> STensor:
-        """Element-wise GELU (erf form)."""
-        return self._unary("gelu", A)
-
-    def relu(self, A: STensor) -> STensor:
-        """Element-wise ``max(A, 0)``."""
-        return self._unary("relu", A)
-
     def clamp(self, A: STensor, min_val: float, max_val: float) -> STensor:
         """Element-wise ``min(max(A, min_val), max_val)``."""
         lo = as_float("tb.clamp", "min_val", min_val)
         hi = as_float("tb.clamp", "max_val", max_val)
         return self._unary("clamp", A, min=lo, max=hi)
-
-    def square(self, A: STensor) -> STensor:
-        """Element-wise ``A * A``."""
-        return self._unary("square", A)
-
-    def sqrt(self, A: STensor) -> STensor:
-        """Element-wise square root."""
-        return self._unary("sqrt", A)
 
     def mul_scalar(self, A: STensor, scalar: float) -> STensor:
         """Element-wise ``A * scalar``."""
@@ -233,3 +215,6 @@ def _acc(op: str, acc: str | None) -> str | None:
     if acc is not None and not isinstance(acc, str):
         raise TypeError(f"{op}: acc must be None or a string, got {acc!r}")
     return acc
+
+
+install_unary_methods(TBGraph)

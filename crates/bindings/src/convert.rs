@@ -1,6 +1,6 @@
 //! Conversions between Python arguments and the core's types, and the one error mapping.
 
-use mirage::{Accum, BinaryOp, DType, Error, UnaryOp};
+use mirage::{Accum, BinaryOp, DType, Error, UnaryOp, UNARY_OPS};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::PyErr;
 
@@ -40,13 +40,10 @@ pub fn parse_unary(name: &str, min: Option<f64>, max: Option<f64>, scalar: Optio
         }
         Ok(op)
     };
+    if let Some(op) = UnaryOp::from_name(name) {
+        return plain(op);
+    }
     match name {
-        "exp" => plain(UnaryOp::Exp),
-        "silu" => plain(UnaryOp::Silu),
-        "gelu" => plain(UnaryOp::Gelu),
-        "relu" => plain(UnaryOp::Relu),
-        "sqrt" => plain(UnaryOp::Sqrt),
-        "square" => plain(UnaryOp::Square),
         "clamp" => match (min, max, scalar) {
             (Some(lo), Some(hi), None) => Ok(UnaryOp::Clamp { min: lo as f32, max: hi as f32 }),
             _ => Err(PyValueError::new_err("clamp: needs min and max (and no scalar)")),
@@ -55,10 +52,17 @@ pub fn parse_unary(name: &str, min: Option<f64>, max: Option<f64>, scalar: Optio
             (None, None, Some(s)) => Ok(UnaryOp::MulScalar { scalar: s as f32 }),
             _ => Err(PyValueError::new_err("mul_scalar: needs scalar (and no min/max)")),
         },
-        _ => Err(PyValueError::new_err(format!(
-            "unknown unary op {name:?}; expected one of exp, silu, gelu, relu, sqrt, square, clamp, mul_scalar"
-        ))),
+        _ => {
+            let names: Vec<&str> = UNARY_OPS.iter().map(|d| d.name).chain(["clamp", "mul_scalar"]).collect();
+            Err(PyValueError::new_err(format!("unknown unary op {name:?}; expected one of {}", names.join(", "))))
+        }
     }
+}
+
+/// The registry's unary ops as `(name, doc)` pairs (docs/ops.md), for the Python front's
+/// per-op methods.
+pub fn unary_ops() -> Vec<(&'static str, &'static str)> {
+    UNARY_OPS.iter().map(|d| (d.name, d.doc)).collect()
 }
 
 /// Parses an element-wise binary op.

@@ -220,6 +220,7 @@ __device__ __forceinline__ float op_gelu(float x) { return 0.5f * x * (1.0f + er
 __device__ __forceinline__ float op_relu(float x) { return x > 0.0f ? x : 0.0f; }
 __device__ __forceinline__ float op_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ float op_square(float x) { return x * x; }
+__device__ __forceinline__ float op_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ float op_clamp(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
 __device__ __forceinline__ float op_add(float a, float b) { return a + b; }
 __device__ __forceinline__ float op_sub(float a, float b) { return a - b; }

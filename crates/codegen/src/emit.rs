@@ -157,17 +157,13 @@ pub(crate) fn flit(x: f32) -> String {
     }
 }
 
-/// C++ expression applying a unary op to `a`.
+/// C++ expression applying a unary op to `a`: the registry's device function (docs/ops.md).
 pub(crate) fn unary_expr(op: &UnaryOp, a: &str) -> String {
-    match *op {
-        UnaryOp::Exp => format!("mi::op_exp({a})"),
-        UnaryOp::Silu => format!("mi::op_silu({a})"),
-        UnaryOp::Gelu => format!("mi::op_gelu({a})"),
-        UnaryOp::Relu => format!("mi::op_relu({a})"),
-        UnaryOp::Sqrt => format!("mi::op_sqrt({a})"),
-        UnaryOp::Square => format!("mi::op_square({a})"),
-        UnaryOp::Clamp { min, max } => format!("mi::op_clamp({a}, {}, {})", flit(min), flit(max)),
-        UnaryOp::MulScalar { scalar } => format!("({a} * {})", flit(scalar)),
+    match (*op, op.def()) {
+        (UnaryOp::Clamp { min, max }, _) => format!("mi::op_clamp({a}, {}, {})", flit(min), flit(max)),
+        (UnaryOp::MulScalar { scalar }, _) => format!("({a} * {})", flit(scalar)),
+        (_, Some(d)) => format!("{}({a})", d.cuda),
+        (op, None) => unreachable!("unary op {} is neither in the registry nor has constants", op.name()),
     }
 }
 
@@ -195,5 +191,17 @@ mod tests {
         assert_eq!(offset(&[2, 3, 4], "i", &[2, 3, 4], &[1, 2, 6]), "(i / 12) + ((i / 4) % 3) * 2 + (i % 4) * 6");
         assert_eq!(flit(1.5), "1.5e0f");
         assert_eq!(flit(-0.25), "-2.5e-1f");
+    }
+
+    #[test]
+    fn every_registry_op_calls_a_device_function_the_runtime_header_defines() {
+        let header = crate::generate::RUNTIME_HEADER;
+        for d in mirage_ugraph::UNARY_OPS {
+            assert_eq!(unary_expr(&d.op, "v"), format!("{}(v)", d.cuda), "{}", d.name);
+            let f =
+                d.cuda.strip_prefix("mi::").unwrap_or_else(|| panic!("{}: {} is not in namespace mi", d.name, d.cuda));
+            let def = format!("__device__ __forceinline__ float {f}(float x)");
+            assert!(header.contains(&def), "the runtime header lacks `{def}` for {}", d.name);
+        }
     }
 }

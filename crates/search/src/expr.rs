@@ -1,9 +1,9 @@
 //! Abstract expressions: what each tensor of a µGraph computes, up to tiling and layout.
 //!
 //! Every tensor — kernel-level or a block-level tile — gets a term over the language [`Expr`]:
-//! `+ - * / pow exp sqrt square silu gelu relu clamp`, `(sum i n x)` (a sum of `n` terms over
-//! index `i`), `(rms i n x)` (a root mean square over `n` elements of index `i`) and
-//! `(max i n x)`. Sizes `n` are [`Expr::Num`] literals; indices `i` are [`Expr::Idx`] literals
+//! `+ - * / pow clamp`, the registry's unary terms (`exp sqrt square silu gelu relu tanh`,
+//! docs/ops.md), `(sum i n x)` (a sum of `n` terms over index `i`), `(rms i n x)` (a root mean
+//! square over `n` elements of index `i`) and `(max i n x)`. Sizes `n` are [`Expr::Num`] literals; indices `i` are [`Expr::Idx`] literals
 //! naming the index label ([`crate::labels`]) the sum runs over. Graph input `k` is the variable
 //! `xk`. A tile has the term of the whole tensor it is cut from: imaps and fmaps change only the
 //! sizes of the sums a block performs, never the term. The paper's terms carry sizes only; the
@@ -16,7 +16,7 @@
 //! | op (kernel or block level)          | term                                              |
 //! |-------------------------------------|---------------------------------------------------|
 //! | `matmul(a, b)`, inner dim `k`       | `(sum l(k) k (* a b))`                            |
-//! | unary `exp silu gelu relu sqrt square` | `(exp a)` ...                                  |
+//! | unary registry op (docs/ops.md)     | `(term a)`: `(exp a)`, `(silu a)` ...             |
 //! | `clamp(a, lo, hi)`, `mul_scalar(a, c)` | `(clamp lo hi a)`, `(* c a)` (constants)       |
 //! | binary `add sub mul div pow`        | `(+ a b)` ...                                     |
 //! | `reduction(a, d)`, dim size `n`     | `(sum l(d) n a)`                                  |
@@ -37,9 +37,10 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
-use egg::{define_language, Analysis, DidMerge, EGraph, Id, Language, RecExpr, Symbol};
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, UnaryOp};
+use egg::{define_language, Analysis, DidMerge, EGraph, FromOp, Id, Language, RecExpr, Symbol};
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, UnaryOp, UNARY_OPS};
 
 use crate::labels::{BlockLabels, GraphLabels, Label, NO_INDEX};
 
@@ -47,7 +48,8 @@ define_language! {
     /// The abstract-expression language (see the module docs for what each op stands for).
     /// `Num`: a size (terms of a `sum`, elements of an `rms`, a mean's divisor); `Idx`: the index
     /// label a `sum`/`rms`/`max` runs over; `Const`: a float constant of the graph
-    /// (`mul_scalar`, `clamp` bounds); `Var`: graph input `k` is `xk`.
+    /// (`mul_scalar`, `clamp` bounds); `Var`: graph input `k` is `xk`; `Other`: a registry unary
+    /// op (docs/ops.md) whose term operator has no variant of its own, so no axiom rewrites it.
     #[allow(missing_docs)]
     pub enum Expr {
         Num(u64),
@@ -69,6 +71,7 @@ define_language! {
         "max" = Max([Id; 3]),
         Const(Constant),
         Var(Symbol),
+        Other(Symbol, Vec<Id>),
     }
 }
 
@@ -382,14 +385,22 @@ pub fn op_term<S: Sink>(
     Ok(t)
 }
 
+/// The term node of each registry op ([`UNARY_OPS`] order), its operand a placeholder.
+fn unary_templates() -> &'static [Expr] {
+    static T: OnceLock<Vec<Expr>> = OnceLock::new();
+    T.get_or_init(|| {
+        UNARY_OPS
+            .iter()
+            .map(|d| match Expr::from_op(d.term, vec![Id::from(0)]) {
+                Ok(e) => e,
+                Err(_) => Expr::Other(Symbol::from(d.term), vec![Id::from(0)]),
+            })
+            .collect()
+    })
+}
+
 fn unary<S: Sink>(s: &mut S, u: &UnaryOp, x: Id) -> Option<Id> {
     match *u {
-        UnaryOp::Exp => s.node(Expr::Exp(x)),
-        UnaryOp::Silu => s.node(Expr::Silu(x)),
-        UnaryOp::Gelu => s.node(Expr::Gelu(x)),
-        UnaryOp::Relu => s.node(Expr::Relu(x)),
-        UnaryOp::Sqrt => s.node(Expr::Sqrt(x)),
-        UnaryOp::Square => s.node(Expr::Square(x)),
         UnaryOp::Clamp { min, max } => {
             let lo = s.node(Expr::Const(Constant::of(min)))?;
             let hi = s.node(Expr::Const(Constant::of(max)))?;
@@ -398,6 +409,10 @@ fn unary<S: Sink>(s: &mut S, u: &UnaryOp, x: Id) -> Option<Id> {
         UnaryOp::MulScalar { scalar } => {
             let c = s.node(Expr::Const(Constant::of(scalar)))?;
             s.node(Expr::Mul([c, x]))
+        }
+        op => {
+            let i = UNARY_OPS.iter().position(|d| d.op == op)?;
+            s.node(unary_templates()[i].clone().map_children(|_| x))
         }
     }
 }
@@ -478,4 +493,27 @@ pub fn output_terms(g: &KernelGraph, labels: &GraphLabels) -> Result<Vec<RecExpr
     let mut b = TermBuilder::new();
     let terms = kernel_terms(&mut b, g, labels)?;
     Ok(g.output_ids().iter().filter_map(|&t| terms[t]).map(|id| b.term(id)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_registry_op_has_its_term_and_it_parses_back() {
+        for d in UNARY_OPS {
+            let mut b = TermBuilder::new();
+            let x = input_var(&mut b, 0).expect("builds");
+            let t = unary(&mut b, &d.op, x).expect("builds");
+            let want = format!("({} x0)", d.term);
+            assert_eq!(b.term(t).to_string(), want, "{}", d.name);
+            let parsed: RecExpr<Expr> = want.parse().expect("parses");
+            assert_eq!(parsed, b.term(t), "{}", d.name);
+        }
+        // Existing ops keep their own variants (the axioms' patterns name them).
+        let mut b = TermBuilder::new();
+        let x = input_var(&mut b, 0).expect("builds");
+        let t = unary(&mut b, &UnaryOp::Silu, x).expect("builds");
+        assert!(matches!(b.term(t).as_ref().last(), Some(Expr::Silu(_))));
+    }
 }

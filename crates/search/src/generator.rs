@@ -7,7 +7,7 @@
 //!    the for-loop iterates one reduction label with a range from `franges` (1 = no loop);
 //!    imaps and fmaps follow from the labels (an input lacking a label is replicated / not
 //!    iterated) and are filtered by the user's `imaps` / `fmaps`; block dims from `blockdims`.
-//! 2. **Ops**, depth first: matmul, `exp silu gelu relu sqrt square`, `rms_norm`, reductions,
+//! 2. **Ops**, depth first: matmul, the registry's unary ops (docs/ops.md), `rms_norm`, reductions,
 //!    `add mul div` and the accumulators `None sum rms sum_todimx`. A new op is allowed only if
 //!    its key `(largest operand id, operands, op type)` is larger than the previous op's (the
 //!    reference's canonical order: each DAG is built in one order). It must be well shaped,
@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use egg::Id;
 use mirage_ugraph::smem::{self, TileLife};
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, DType, Phase, UnaryOp};
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, DType, Phase, UnaryOp, UNARY_OPS};
 use rayon::prelude::*;
 
 use crate::config::SearchConfig;
@@ -135,7 +135,10 @@ struct Plan {
     inputs: Vec<PlanInput>,
 }
 
-const UNARY: [UnaryOp; 6] = [UnaryOp::Exp, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::Relu, UnaryOp::Sqrt, UnaryOp::Square];
+/// The unary ops the generator tries, in `Code::Unary` order: every registry entry (docs/ops.md).
+pub(crate) fn unary_ops() -> impl Iterator<Item = UnaryOp> {
+    UNARY_OPS.iter().map(|d| d.op)
+}
 const ACCUM: [Accum; 4] = [Accum::None, Accum::Sum, Accum::Rms, Accum::SumToDimx];
 
 /// An op type of the generator (ordered: part of the canonical key).
@@ -155,7 +158,7 @@ impl Code {
     fn kind(self) -> BlockOpKind {
         match self {
             Code::Matmul => BlockOpKind::Matmul,
-            Code::Unary(u) => BlockOpKind::Unary { op: UNARY[u as usize] },
+            Code::Unary(u) => BlockOpKind::Unary { op: UNARY_OPS[u as usize].op },
             Code::RmsNorm => BlockOpKind::RmsNorm,
             Code::Reduction(d) => BlockOpKind::Reduction { dim: d as usize },
             Code::Add => BlockOpKind::Binary { op: BinaryOp::Add },
@@ -523,7 +526,7 @@ impl<'a> Dfs<'a> {
         let from = last.map_or(0, |k| k.0 as usize);
         for hi in from..n {
             let h = hi as u16;
-            for u in 0..UNARY.len() as u8 {
+            for u in 0..UNARY_OPS.len() as u8 {
                 self.try_step(st, Step { code: Code::Unary(u), a: h, b: h }, last);
             }
             self.try_step(st, Step { code: Code::RmsNorm, a: h, b: h }, last);
@@ -895,5 +898,20 @@ fn phase2(a: Phase, b: Phase) -> Result<Phase, Reject> {
         (Phase::Loop, Phase::Post) | (Phase::Post, Phase::Loop) => Err(Reject::IllTyped),
         (Phase::Invariant, p) | (p, Phase::Invariant) => Ok(p),
         (p, _) => Ok(p),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generator_tries_every_registry_op_in_registry_order() {
+        let ops: Vec<UnaryOp> = unary_ops().collect();
+        assert_eq!(ops, UNARY_OPS.iter().map(|d| d.op).collect::<Vec<_>>());
+        for (u, d) in UNARY_OPS.iter().enumerate() {
+            let code = u8::try_from(u).expect("fewer than 256 unary ops");
+            assert_eq!(Code::Unary(code).kind(), BlockOpKind::Unary { op: d.op }, "{}", d.name);
+        }
     }
 }

@@ -27,7 +27,7 @@ use crate::control::{Control, StopReason};
 use crate::cost::{block_graph_cost, kernel_graph_cost, stage_bytes, Cost, CostModel};
 use crate::error::{Result, SearchError};
 use crate::expr::{op_term, OpRef};
-use crate::generator::{count_plans, search_block_graphs, BlockSolution, Env, Mode, TensorInfo};
+use crate::generator::{count_plans, search_block_graphs, unary_ops, BlockSolution, Env, Mode, TensorInfo};
 use crate::labels::{analyze, Label};
 use crate::online_softmax::rewrite_online_softmax;
 use crate::oracle::ExprOracle;
@@ -417,9 +417,6 @@ fn final_moves(ctx: &Ctx<'_>, state: &KState) -> Vec<Vec<KStep>> {
     out
 }
 
-const KERNEL_UNARY: [UnaryOp; 6] =
-    [UnaryOp::Exp, UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::Relu, UnaryOp::Sqrt, UnaryOp::Square];
-
 /// Predefined kernel ops on the state's tensors whose result is in the target's e-graph.
 fn predefined_ops(ctx: &Ctx<'_>, state: &KState) -> Vec<(KernelOpKind, Vec<usize>, TensorInfo)> {
     let n = state.tensors.len();
@@ -437,7 +434,7 @@ fn predefined_ops(ctx: &Ctx<'_>, state: &KState) -> Vec<(KernelOpKind, Vec<usize
         }
     };
     for a in 0..n {
-        for u in KERNEL_UNARY {
+        for u in unary_ops() {
             emit(KernelOpKind::Unary { op: u }, vec![a], t(a).dims.clone(), t(a).labels.clone());
         }
         for b in 0..n {

@@ -31,6 +31,7 @@ pub mod json;
 pub mod kernel;
 pub mod limits;
 pub mod ops;
+pub mod registry;
 pub mod scalar;
 pub mod smem;
 pub mod target;
@@ -48,6 +49,7 @@ pub use interp::{random_inputs, run, run_region, run_region_with, run_with, Regi
 pub use json::{from_json, to_json, FORMAT_VERSION};
 pub use kernel::{DTensor, KernelGraph, KernelOp, KernelOpKind, Output, TensorId};
 pub use ops::{Accum, BinaryOp, UnaryOp};
+pub use registry::{Lax, UnaryDef, UNARY_OPS};
 pub use scalar::Scalar;
 pub use target::{Budgets, DeviceAttr, Target};
 pub use tensor::Tensor;

@@ -1,80 +1,21 @@
-//! The op table: every op's name, shape rule and scalar meaning in one place.
+//! Shape rules and the binary ops and accumulators; the unary ops live in [`crate::registry`].
 //!
-//! Element-wise ops ([`UnaryOp`], [`BinaryOp`]) are shared by all three graph levels; the
-//! structural ops of each level ([`crate::kernel::KernelOpKind`], [`crate::block::BlockOpKind`])
-//! call the shape rules below. Semantics of the accumulators are documented on [`Accum`].
+//! Element-wise ops ([`UnaryOp`], from [`crate::registry`], and [`BinaryOp`]) are shared by
+//! all three graph levels; the structural ops of each level ([`crate::kernel::KernelOpKind`],
+//! [`crate::block::BlockOpKind`]) call the shape rules below. Semantics of the accumulators are documented on [`Accum`].
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, shape_err, Result};
 use crate::scalar::Scalar;
 
-/// Element-wise op with one operand.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "op")]
-pub enum UnaryOp {
-    /// `e^x`.
-    Exp,
-    /// `x * sigmoid(x)`.
-    Silu,
-    /// `x * Phi(x)` (erf form).
-    Gelu,
-    /// `max(x, 0)`.
-    Relu,
-    /// `sqrt(x)`.
-    Sqrt,
-    /// `x * x`.
-    Square,
-    /// `min(max(x, min), max)`.
-    Clamp {
-        /// Lower bound.
-        #[serde(with = "crate::json::float")]
-        min: f32,
-        /// Upper bound.
-        #[serde(with = "crate::json::float")]
-        max: f32,
-    },
-    /// `x * scalar`.
-    MulScalar {
-        /// The constant factor.
-        #[serde(with = "crate::json::float")]
-        scalar: f32,
-    },
-}
+use crate::registry::Lax;
+pub use crate::registry::UnaryOp;
 
 impl UnaryOp {
-    /// The op's name in the Python API.
-    pub fn name(&self) -> &'static str {
-        match self {
-            UnaryOp::Exp => "exp",
-            UnaryOp::Silu => "silu",
-            UnaryOp::Gelu => "gelu",
-            UnaryOp::Relu => "relu",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::Square => "square",
-            UnaryOp::Clamp { .. } => "clamp",
-            UnaryOp::MulScalar { .. } => "mul_scalar",
-        }
-    }
-
-    /// Applies the op to one value of a scalar domain.
-    #[inline(always)]
-    pub fn apply<S: Scalar>(&self, x: S) -> S {
-        match *self {
-            UnaryOp::Exp => x.exp(),
-            UnaryOp::Silu => x.silu(),
-            UnaryOp::Gelu => x.gelu(),
-            UnaryOp::Relu => x.relu(),
-            UnaryOp::Sqrt => x.sqrt(),
-            UnaryOp::Square => x.mul(x),
-            UnaryOp::Clamp { min, max } => x.clamp(min, max),
-            UnaryOp::MulScalar { scalar } => x.mul(S::from_f32(scalar)),
-        }
-    }
-
-    /// Whether the op is a polynomial/exponential map with an algebraic (field) meaning.
+    /// Whether the op has an algebraic (field) meaning (not uninterpreted in the verifier).
     pub fn is_algebraic(&self) -> bool {
-        !matches!(self, UnaryOp::Relu | UnaryOp::Clamp { .. })
+        self.lax() != Lax::Uninterpreted
     }
 
     /// Checks the op's constants (finite, ordered bounds).

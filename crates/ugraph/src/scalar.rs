@@ -35,6 +35,14 @@ pub trait Scalar: Copy + Send + Sync + std::fmt::Debug + 'static {
     fn clamp(self, lo: f32, hi: f32) -> Self;
     /// Larger of two values.
     fn max(self, o: Self) -> Self;
+    /// An op with a float meaning `float` and an algebraic one `exact` built from the other
+    /// methods (the same function over the reals): float domains evaluate `float` in f64 and
+    /// round; other domains (the verifier's field) evaluate `exact`.
+    #[inline(always)]
+    fn float_or(self, float: fn(f64) -> f64, exact: impl Fn(Self) -> Self) -> Self {
+        let _ = float;
+        exact(self)
+    }
     /// Widens to f64 for reporting (a field domain returns its canonical representative).
     fn to_f64(self) -> f64;
     /// `acc + x` inside a reduction (sums, accumulators). A simulated low-precision domain
@@ -135,6 +143,10 @@ macro_rules! float_scalar {
             #[inline(always)]
             fn max(self, o: Self) -> Self {
                 <$t>::max(self, o)
+            }
+            #[inline(always)]
+            fn float_or(self, float: fn(f64) -> f64, _exact: impl Fn(Self) -> Self) -> Self {
+                float(self as f64) as $t
             }
             #[inline(always)]
             fn to_f64(self) -> f64 {

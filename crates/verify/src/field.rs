@@ -18,8 +18,9 @@
 //!
 //! Meanings: `+ - *` componentwise; `/` by Fermat inverses (`inv(0) = 0`); `sqrt(x) =
 //! x^((P+1)/4)` (and `^((Q+1)/4)` on the exponent side), a multiplicative map with `sqrt(x)^2 =
-//! ±x`; `silu(x) = x / (1 + exp(-x))`. Ops without an algebraic meaning are deterministic
-//! uninterpreted functions: `max` is the maximum under a pseudo-random total order of the field
+//! ±x`; `silu(x) = x / (1 + exp(-x))`; registry ops with a float meaning and an algebraic form
+//! (`Scalar::float_or`, e.g. `tanh(x) = (e^2x - 1) / (e^2x + 1)`) take the form. Ops without an
+//! algebraic meaning are deterministic uninterpreted functions: `max` is the maximum under a pseudo-random total order of the field
 //! (keyed by `w`, so commutative, associative and idempotent like a real max), `relu(x) =
 //! max(x, 0)` and `clamp(x, lo, hi) = min(max(x, lo), hi)` under that order, `gelu` and `pow`
 //! keyed hashes. Every finite `f32` constant is a dyadic rational `m * 2^e` and maps exactly.

@@ -1,7 +1,8 @@
 //! The LAX check: which fragment a kernel graph (with its block graphs) belongs to, and the
 //! numbers the false-accept bound needs.
 //!
-//! - **Exps on a path.** `exp`, `silu` and `softmax` contain one exponential; nothing else does
+//! - **Exps on a path.** `softmax` and the unary ops whose registry rule is [`Lax::Exp`] (`exp`,
+//!   `silu`, `tanh`, see docs/ops.md) contain one exponential; nothing else does
 //!   (accumulators and reductions only add). For every tensor we keep the largest count of
 //!   exponentials on any input-to-tensor path, and the exp ops on one such path. An exp-bearing
 //!   op whose operand already has one is a second exp on a path: the graph is **not LAX**, and
@@ -20,7 +21,7 @@
 //!   largest `num + den` over its outputs.
 //! - **Exp count `k`.** The number of exp-bearing ops (each block-graph op counts once).
 
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, UnaryOp};
+use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Lax, UnaryOp};
 
 /// Which fragment a graph (or a pair of graphs) belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,27 +199,24 @@ impl Walk {
         (x.exps + 1, path)
     }
 
+    /// An element-wise unary op, read through its registry rule ([`UnaryOp::lax`]).
     fn unary(&mut self, op: &UnaryOp, label: String, x: &Info) -> Info {
         let mut out = x.clone();
-        match op {
-            UnaryOp::Exp => {
+        let scaled = |power: u32, num: u64, den: u64| (0..power).fold(Deg { num, den }, |d, _| d.mul(x.deg));
+        match op.lax() {
+            Lax::Exp { power, num, den } => {
                 (out.exps, out.path) = self.exp(label, x);
-                out.deg = Deg::VAR;
+                out.deg = scaled(power, num, den);
             }
-            UnaryOp::Silu => {
-                (out.exps, out.path) = self.exp(label, x);
-                out.deg = x.deg.div(Deg::VAR);
-            }
-            UnaryOp::Gelu | UnaryOp::Relu | UnaryOp::Clamp { .. } => {
+            Lax::Uninterpreted => {
                 self.uninterpreted.push(label);
                 out.deg = Deg::VAR;
             }
-            UnaryOp::Sqrt => {
+            Lax::Sqrt => {
                 self.sqrt_ops += 1;
                 out.deg = x.deg.sqrt();
             }
-            UnaryOp::Square => out.deg = x.deg.mul(x.deg),
-            UnaryOp::MulScalar { .. } => {}
+            Lax::Rational { power, num, den } => out.deg = scaled(power, num, den),
         }
         out
     }

@@ -121,6 +121,10 @@ macro_rules! lowp_scalar {
                 Self::r(self.0.max(o.0))
             }
             #[inline(always)]
+            fn float_or(self, float: fn(f64) -> f64, _exact: impl Fn(Self) -> Self) -> Self {
+                Self::r(float(self.0 as f64) as f32)
+            }
+            #[inline(always)]
             fn to_f64(self) -> f64 {
                 self.0 as f64
             }

@@ -33,6 +33,7 @@ OTHER_VARIABLES: tuple[tuple[str, str], ...] = (
     ("MIRAGE_NVRTC_PATH", "NVRTC library files or folders searched first"),
     ("MIRAGE_CUDA_INCLUDE", "CUDA include folders searched first"),
     ("MIRAGE_NVDISASM", "the nvdisasm executable used for SASS"),
+    ("MIRAGE_BLESS", "1: the op registry's test rewrites docs/ops.md instead of comparing it"),
 )
 
 

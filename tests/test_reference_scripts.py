@@ -412,7 +412,11 @@ def test_superoptimize_reference_keywords(tmp_path, monkeypatch):
 def test_search_time_limit_stops_the_search(tmp_path):
     """``search_time_limit_sec`` reaches the search as its time budget."""
     g = small_graph(256)
-    best = g.superoptimize(
-        backend="cpu", cache_dir=tmp_path, search_time_limit_sec=1e-3, use_symbolic_search=True
-    )
-    assert best.search_stats["stopped"] is not None
+    try:
+        best = g.superoptimize(
+            backend="cpu", cache_dir=tmp_path, search_time_limit_sec=1e-3, use_symbolic_search=True
+        )
+    except mi.search.SearchError as e:  # nothing verified within the millisecond
+        assert "time budget" in str(e)
+    else:  # a candidate was found, but the search did not run to its end
+        assert best.search_stats["stopped"] is not None

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_error, rel_err
-from mirage import search
+from mirage import _autotune, search
 from mirage.kernel import KNGraph
 
 
@@ -468,10 +468,10 @@ def test_gpu_profiling_reaches_long_streaming_loops():
 def test_profiling_times_the_close_candidates_again():
     # Within 5% of the fastest, fastest first, at most four; a lone fastest needs no rematch.
     t = {"a": 10.0, "b": 10.4, "c": 12.0, "d": 10.2, "e": 10.49, "f": 10.3}
-    assert search._finalists(t) == ["a", "d", "f", "b"]
-    assert search._finalists({"a": 10.0, "b": 11.0}) == []
-    assert search._finalists({"a": 10.0}) == []
-    assert search._finalists({}) == []
+    assert _autotune._finalists(t) == ["a", "d", "f", "b"]
+    assert _autotune._finalists({"a": 10.0, "b": 11.0}) == []
+    assert _autotune._finalists({"a": 10.0}) == []
+    assert _autotune._finalists({}) == []
 
 
 def test_a_wave_of_96_streaming_blocks_is_among_the_first_candidates():

@@ -84,7 +84,7 @@ def test_cpu_backend_on_a_gpu_machine_uses_the_cost_model(tmp_path):
 
 def test_profiling_stops_a_candidate_far_behind_the_fastest():
     from mirage import _cuda
-    from mirage.search import _input_sets, _time_one
+    from mirage._autotune import _input_sets, _time_one
 
     g = _rmsnorm_linear(8, 512, 512)
     exe = _cuda.executable(g, 0)
@@ -101,7 +101,7 @@ def test_profiling_stops_a_candidate_far_behind_the_fastest():
 
 def test_profiling_skips_a_candidate_whose_outputs_are_not_finite():
     from mirage import _cuda
-    from mirage.search import _NonFinite, _time_one
+    from mirage._autotune import _NonFinite, _time_one
 
     g = _rmsnorm_linear(8, 512, 512)
     exe = _cuda.executable(g, 0)

@@ -130,19 +130,21 @@ def _results(
     time_budget: float | None,
     num_threads: int | None,
     verbose: bool,
+    reuse: bool = True,
 ) -> tuple[dict[str, Any], str, str | None]:
     """The search results of ``graph`` with ``settings``: from ``checkpoint`` when given, else
-    from the cache (when ``use_cached_graphs``), else searched (and saved there). Returns the
-    entry, its file and where it was loaded from (``"checkpoint"``, ``"cache"`` or None)."""
+    from the cache (when ``use_cached_graphs``), else searched (and saved there); with
+    ``reuse`` False always searched (and saved the same way). Returns the entry, its file and
+    where it was loaded from (``"checkpoint"``, ``"cache"`` or None)."""
     graph_hash = graph.hash()
     key = _cache_key(graph_hash, settings)
     if checkpoint is not None:
         path, source = checkpoint, "checkpoint"
-        data = _load(path, graph_hash, None)
+        data = _load(path, graph_hash, None) if reuse else None
     else:
         path = os.path.join(folder or default_cache_dir(), f"{key}.json")
         source = "cache"
-        data = _load(path, graph_hash, key) if use_cached_graphs else None
+        data = _load(path, graph_hash, key) if use_cached_graphs and reuse else None
     if data is not None:
         if verbose:
             print(
@@ -434,9 +436,8 @@ def superoptimize(
         raise ValueError("superoptimize: the graph computes no output: mark one with mark_output")
 
     t0 = time.perf_counter()
-    data, path, loaded_from = _results(
-        graph, settings, checkpoint, folder, use_cached_graphs, time_budget, num_threads, verbose
-    )
+    sources = (graph, settings, checkpoint, folder, use_cached_graphs, time_budget, num_threads)
+    data, path, loaded_from = _results(*sources, verbose)
 
     save = checkpoint is not None or use_cached_graphs
     profiling = (warmup_iters, profile_iters)
@@ -448,12 +449,7 @@ def superoptimize(
             RuntimeWarning,
             stacklevel=3,
         )
-        loaded_from = None
-        graph_hash = graph.hash()
-        key = _cache_key(graph_hash, settings)
-        data = _fresh_data(graph, graph_hash, key, settings, time_budget, num_threads, verbose)
-        if save and data["stopped"] is None:
-            _save(path, data)
+        data, path, loaded_from = _results(*sources, verbose, reuse=False)
         choice = _choose(graph, data, settings, backend, profiling, path if save else None, verbose)
     if choice is None:
         raise SearchError(

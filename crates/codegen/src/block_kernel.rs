@@ -1214,8 +1214,9 @@ fn emit_with(
         }
         st
     };
-    let own = remote > 0 && depth(true) == depth(false);
-    stages = depth(own);
+    let shared = depth(false);
+    let own = remote > 0 && depth(true) == shared;
+    stages = shared;
     let (buffers, buf_of, smem_bytes, first_scratch) = plan(stages, own);
 
     let step_rw: Vec<(Vec<STensorId>, Vec<STensorId>)> = steps

@@ -9,8 +9,16 @@ use crate::default_kernels::{self as dk, Ew};
 use crate::error::{Error, Result};
 use crate::program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};
 
-/// The runtime header every generated source starts with.
-pub const RUNTIME_HEADER: &str = include_str!("../runtime/mirage_runtime.cuh");
+/// The runtime header every generated source starts with: the parts in `runtime/`, in the
+/// order they depend on each other (each opens and closes namespace `mi`).
+pub const RUNTIME_HEADER: &str = concat!(
+    include_str!("../runtime/mirage_runtime.cuh"),
+    include_str!("../runtime/reductions.cuh"),
+    include_str!("../runtime/matmul.cuh"),
+    include_str!("../runtime/attention.cuh"),
+    include_str!("../runtime/wgmma.cuh"),
+    include_str!("../runtime/warp_specialized.cuh"),
+);
 
 /// Alignment of workspace buffers in bytes.
 const WORKSPACE_ALIGN: usize = 256;

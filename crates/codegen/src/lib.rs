@@ -4,7 +4,7 @@
 //!   `__global__` per customized op (block-graph semantics of `mirage_ugraph::block`: input
 //!   iterators, tile ops, fp32 accumulators, post-loop ops, output savers) and default kernels
 //!   for predefined ops (matmul, element-wise with broadcasting, reduction, rms_norm with
-//!   weight, softmax); the runtime header (`runtime/mirage_runtime.cuh`) is inlined. A
+//!   weight, softmax); the runtime header (`runtime/*.cuh`, joined as `RUNTIME_HEADER`) is inlined. A
 //!   customized op takes the first kernel form that fits its block graph: register rows
 //!   (`rowreg`: loop-free element-wise ops and RMS norms), register loops (`eltloop`:
 //!   [`mirage_ugraph::BlockGraph::is_elementwise`] graphs, a split-KV combine step) or the

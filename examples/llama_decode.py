@@ -1,0 +1,250 @@
+"""Greedy decoding of a Hugging Face LLaMA model (LLaMA-3-8B's config, a few layers, random
+weights, a static KV cache) with ``torch.compile(backend="mirage")``, checked against eager and
+timed against Inductor.
+
+Each mode decodes the same prompt with its own static cache; the tokens of every mode must equal
+eager's and the last step's logits must agree within tolerance. One decode step is then timed in
+a CUDA graph (captured around the compiled step, replayed, CUDA events, median), for eager,
+Inductor (``max-autotune-no-cudagraphs`` and ``default``, the faster counts) and mirage::
+
+    python examples/llama_decode.py                         # batch 1 and 8, fp16 and bf16
+    python examples/llama_decode.py --batch 1 --dtype bf16 --layers 2 --json out.json
+    python examples/llama_decode.py --tiny --device cpu     # a small model on the CPU
+
+``--loop-steps 256`` decodes that many further steps with the mirage-compiled step and reports
+how many searches they started (the backend's counters; the goal is none after the first step).
+Needs ``transformers`` (>= 4.46, for ``StaticCache``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# LLaMA-3-8B (meta-llama/Meta-Llama-3-8B config.json), the layer count set by --layers.
+LLAMA3_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=8192,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+)
+# A small model of the same shape family, for the CPU.
+TINY = dict(LLAMA3_8B, hidden_size=64, intermediate_size=176, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=512)
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def build_model(layers: int, dtype: torch.dtype, device: str, tiny: bool) -> Any:
+    """A LlamaForCausalLM with random weights (seeded), in eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**(TINY if tiny else LLAMA3_8B), num_hidden_layers=layers)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(dtype)
+    # Keep activations in range over many layers of random weights.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
+    return model.eval()
+
+
+class Decoder:
+    """Greedy decoding with one static cache; ``step`` runs the (possibly compiled) forward of
+    one token per sequence at ``cache_position``."""
+
+    def __init__(self, model: Any, batch: int, max_len: int, compile_fn: Callable[[Any], Any]):
+        from transformers import StaticCache
+
+        self.model = model
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        dev = next(model.parameters()).device
+        self.ids = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+
+        def step(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            out = model(ids, past_key_values=self.cache, cache_position=pos, use_cache=True)
+            return out.logits[:, -1, :]
+
+        self.step = compile_fn(step)
+
+    @torch.no_grad()
+    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """Runs the prompt through the model eagerly (the same for every mode); last logits."""
+        n = prompt.shape[1]
+        pos = torch.arange(n, device=prompt.device)
+        out = self.model(prompt, past_key_values=self.cache, cache_position=pos, use_cache=True)
+        return out.logits[:, -1, :]
+
+    @torch.no_grad()
+    def decode(self, prompt: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Greedy tokens (batch, steps), the last step's logits and the seconds until the first
+        decoded token (compilation included)."""
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt)
+        toks = []
+        first = 0.0
+        for i in range(steps):
+            tok = logits.argmax(-1, keepdim=True)
+            toks.append(tok)
+            self.ids.copy_(tok)
+            self.pos.fill_(prompt.shape[1] + i)
+            logits = self.step(self.ids, self.pos)
+            if i == 0:
+                if logits.is_cuda:
+                    torch.cuda.synchronize()
+                first = time.perf_counter() - t0
+        return torch.cat(toks, dim=1), logits.float(), first
+
+
+def time_step(dec: Decoder, warmup: int, replays: int, calls: int) -> float:
+    """Median µs of one decode step replayed in a CUDA graph of ``calls`` steps."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(3):
+            dec.step(dec.ids, dec.pos)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        for _ in range(calls):
+            dec.step(dec.ids, dec.pos)
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def mirage_searches() -> int:
+    """Searches the mirage backend has started in this process."""
+    import mirage
+
+    return int(mirage.dynamo_stats()["searches"])
+
+
+def modes(args: argparse.Namespace) -> dict[str, Callable[[Any], Any]]:
+    """Each mode's way to compile the step function."""
+    out: dict[str, Callable[[Any], Any]] = {"eager": lambda f: f}
+    for m in args.inductor_modes:
+        out[f"inductor:{m}"] = lambda f, m=m: torch.compile(f, mode=m, dynamic=False)
+    opts: dict[str, Any] = {"verbose": args.verbose}
+    if args.time_budget is not None:
+        opts["time_budget"] = args.time_budget
+    out["mirage"] = lambda f: torch.compile(f, backend="mirage", dynamic=False, options=opts)
+    return {k: v for k, v in out.items() if k.split(":")[0] in args.modes}
+
+
+def run_case(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str, Any]:
+    """Decodes and times one (batch, dtype) case in every mode."""
+    dtype = DTYPES[dtype_name]
+    model = build_model(args.layers, dtype, args.device, args.tiny)
+    torch.manual_seed(1)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, args.prompt), device=args.device)
+    max_len = args.prompt + args.steps + max(args.loop_steps, 0) + 8
+    row: dict[str, Any] = {"batch": batch, "dtype": dtype_name, "layers": args.layers, "modes": {}}
+    ref_toks: torch.Tensor | None = None
+    ref_logits: torch.Tensor | None = None
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-2
+    for name, fn in modes(args).items():
+        torch._dynamo.reset()
+        searches0 = mirage_searches() if name == "mirage" else 0
+        dec = Decoder(model, batch, max_len, fn)
+        toks, logits, first = dec.decode(prompt, args.steps)
+        entry: dict[str, Any] = {"first_token_s": round(first, 3)}
+        if ref_toks is None:
+            ref_toks, ref_logits = toks, logits
+        else:
+            assert ref_logits is not None
+            entry["same_tokens"] = bool(torch.equal(toks, ref_toks))
+            scale = ref_logits.abs().max().item()
+            entry["logits_rel_err"] = (logits - ref_logits).abs().max().item() / scale
+            entry["logits_ok"] = entry["logits_rel_err"] <= tol
+        if name == "mirage":
+            entry["searches_first_steps"] = mirage_searches() - searches0
+            if args.loop_steps > 0:
+                before = mirage_searches()
+                with torch.no_grad():
+                    for i in range(args.loop_steps):
+                        dec.pos.fill_(args.prompt + args.steps + i)
+                        dec.step(dec.ids, dec.pos)
+                entry["loop_steps"] = args.loop_steps
+                entry["searches_in_loop"] = mirage_searches() - before
+        if args.device == "cuda" and not args.no_timing:
+            entry["step_us"] = round(time_step(dec, args.warmup, args.replays, args.calls), 2)
+        row["modes"][name] = entry
+        print(f"  b={batch} {dtype_name} {name:<34} {entry}", flush=True)
+        del dec
+    timed = {k: v["step_us"] for k, v in row["modes"].items() if "step_us" in v}
+    inductor = [v for k, v in timed.items() if k.startswith("inductor")]
+    if "mirage" in timed and inductor:
+        row["best_inductor_us"] = min(inductor)
+        row["speedup_vs_inductor"] = round(min(inductor) / timed["mirage"], 3)
+        row["speedup_vs_eager"] = round(timed["eager"] / timed["mirage"], 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--dtype", nargs="+", default=["fp16", "bf16"], choices=sorted(DTYPES))
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--prompt", type=int, default=16, help="prompt length")
+    p.add_argument("--steps", type=int, default=32, help="greedy steps compared with eager")
+    p.add_argument("--loop-steps", type=int, default=0, help="further steps counted for searches")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tiny", action="store_true", help="a small model of the same family")
+    p.add_argument("--modes", nargs="+", default=["eager", "inductor", "mirage"])
+    p.add_argument("--inductor-modes", nargs="*", default=["max-autotune-no-cudagraphs", "default"])
+    p.add_argument("--time-budget", type=float, default=None, help="mirage search seconds")
+    p.add_argument("--no-timing", action="store_true")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--calls", type=int, default=10, help="decode steps per CUDA graph")
+    p.add_argument("--verbose", action="store_true")
+    p.add_argument("--json", default=None, help="write the rows here")
+    args = p.parse_args(argv)
+    rows = []
+    ok = True
+    for dtype_name in args.dtype:
+        for batch in args.batch:
+            row = run_case(args, batch, dtype_name)
+            rows.append(row)
+            for name, e in row["modes"].items():
+                if e.get("same_tokens") is False or e.get("logits_ok") is False:
+                    print(f"MISMATCH: b={batch} {dtype_name} {name}: {e}", file=sys.stderr)
+                    ok = False
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

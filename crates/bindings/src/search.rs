@@ -415,7 +415,7 @@ fn search<'py>(
     // The last tick sees the final counters (the search's totals, phase "done").
     if let Some(cb) = ticker.tick {
         let snap = latest_final.lock().ok().and_then(|g| g.clone());
-        cb.call1(py, (progress_dict(py, snap.as_ref(), result.stats.elapsed)?,))?;
+        cb.call1(py, (progress_dict(py, snap.as_ref(), ticker.start.elapsed())?,))?;
     }
     ticker.finish(py, &result)?;
     result_dict(py, &result)

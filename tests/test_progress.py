@@ -3,6 +3,7 @@ while it runs, the one-line summary of the choice, and ``mirage.explain``."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import sys
@@ -105,6 +106,29 @@ def test_the_environment_switch_turns_it_on(no_tqdm, capsys, tmp_path, monkeypat
     # The argument wins over the switch.
     rmsnorm_linear().superoptimize(backend="cpu", cache_dir=tmp_path, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_on_a_terminal_the_line_is_redrawn_in_place(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(_progress, "_TTY_INTERVAL", 0.0)
+    term = Terminal()
+    rep = _progress._LineReporter(term)
+    rep.stage("search")
+    for n in (10, 2000):
+        rep.search_tick({"phase": "search", "kernel_ops": 1, "states": n * 7, "block_graphs": n})
+    rep.write("[mirage] a verbose line")
+    rep.close()
+    text = term.getvalue()
+    assert text.count("\n") == 2 and text.endswith("\n")
+    draws = [d for d in text.split("\r") if d.startswith("[mirage] search:")]
+    assert len(draws) >= 3 and all(d.endswith(("\x1b[K", "\x1b[K\n")) for d in draws)
+    # Every redraw keeps the stage's text.
+    assert all("(kernel ops 1, states " in d for d in draws), draws
+    assert "2,000 block graphs (kernel ops 1, states 14,000)" in draws[-1]
+    assert "\r\x1b[K[mirage] a verbose line\n" in text
 
 
 def test_progress_must_be_a_bool_or_none(tmp_path):

@@ -118,13 +118,15 @@ class Reporter:
         """The current stage's number of steps (None: unknown or no stage)."""
         return self._total if self._stage is not None else None
 
-    def stage(self, name: str, total: int | None = None, info: str = "") -> None:
-        """Ends the current stage and starts ``name`` with ``total`` steps (None: unknown)."""
+    def stage(self, name: str, total: int | None = None, info: str | None = None) -> None:
+        """Ends the current stage and starts ``name`` with ``total`` steps (None: unknown);
+        when ``name`` is the current stage, updates what is given instead."""
         if self._stage == name:
-            self.update(total=total, info=info)
+            if total is not None or info is not None:
+                self.update(total=total, info=info)
             return
         self.end()
-        self._stage, self._n, self._total, self._info = name, 0, total, info
+        self._stage, self._n, self._total, self._info = name, 0, total, info or ""
         self._start = time.perf_counter()
         self.stages.append(name)
         self._begin()
@@ -213,7 +215,7 @@ class _LineReporter(Reporter):
 
     def _line(self) -> str:
         assert self._stage is not None
-        pos = f"{self._n}/{self._total}" if self._total else f"{self._n}"
+        pos = f"{self._n:,}/{self._total:,}" if self._total else f"{self._n:,}"
         pos += f" {_UNITS.get(self._stage, '')}".rstrip()
         info = f" ({self._info})" if self._info else ""
         el = time.perf_counter() - self._start

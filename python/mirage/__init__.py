@@ -22,6 +22,7 @@ from typing import Any
 from . import _core, visualizer
 from ._compat import convert_dtype_to_torch_type, convert_torch_type_to_dtype, generate_cuda_program
 from ._dtypes import DType, bfloat16, float16, float32
+from .explain import explain
 from .kernel import KNGraph
 from .search import SearchError
 from .tensor import DTensor, STensor
@@ -42,6 +43,7 @@ __all__ = [
     "bfloat16",
     "convert_dtype_to_torch_type",
     "convert_torch_type_to_dtype",
+    "explain",
     "float16",
     "float32",
     "from_json",

@@ -6,13 +6,12 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from . import _cuda
+from . import _cuda, _progress
 
 if TYPE_CHECKING:
     from .kernel import KNGraph
@@ -201,6 +200,8 @@ def _profile(
     t0 = time.perf_counter()
     exes: list[Any] = []
     skipped: dict[str, str] = {}
+    rep = _progress.current()
+    rep.stage("compile", total=len(graphs))
     with ThreadPoolExecutor(max_workers=max(1, min(len(graphs), os.cpu_count() or 1))) as pool:
         futures = [pool.submit(build, g) for g in graphs]
         for h, fut in zip(hashes, futures):
@@ -209,7 +210,9 @@ def _profile(
             except (RuntimeError, ValueError) as e:  # NVRTC error, shared memory, unsupported
                 exes.append(None)
                 skipped[h] = str(e).splitlines()[0] if str(e) else type(e).__name__
+            rep.advance(info=f"{len(skipped)} failed" if skipped else "")
     t1 = time.perf_counter()
+    rep.stage("profile", total=sum(e is not None for e in exes))
     sets = _input_sets(graphs[0], device) if graphs else []
     t2 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -217,7 +220,7 @@ def _profile(
     for i, (h, exe) in enumerate(zip(hashes, exes)):
         if exe is None:
             if verbose:
-                print(f"[mirage] candidate {i} ({h[:12]}): skipped: {skipped[h]}", file=sys.stderr)
+                _progress.say(f"[mirage] candidate {i} ({h[:12]}): skipped: {skipped[h]}")
             continue
         bound = None if best is None else _EARLY_STOP * timings[hashes[best]]
         try:
@@ -225,34 +228,39 @@ def _profile(
         except RuntimeError as e:
             why = "wrong output" if isinstance(e, _NonFinite) else "launch failed"
             skipped[h] = f"{why}: {e}"
+            rep.advance()
             if verbose:
-                print(f"[mirage] candidate {i} ({h[:12]}): skipped: {skipped[h]}", file=sys.stderr)
+                _progress.say(f"[mirage] candidate {i} ({h[:12]}): skipped: {skipped[h]}")
             continue
         timings[h] = us
         if verbose:
-            print(f"[mirage] candidate {i} ({h[:12]}): {us:.2f} us ({how})", file=sys.stderr)
+            _progress.say(f"[mirage] candidate {i} ({h[:12]}): {us:.2f} us ({how})")
         if best is None or us < timings[hashes[best]]:
             best = i
+        rep.advance(info=f"fastest {timings[hashes[best]]:.2f} us")
     # The close ones again, in turns (each round starting one further), so that a drift of
     # the GPU's clocks over the pass does not pick among them.
     finals = _finalists(timings)
     samples = {h: [timings[h]] for h in finals}
+    if finals:
+        rep.update(total=(rep.total or 0) + len(finals) * _FINAL_ROUNDS, info="the finalists")
     for r in range(_FINAL_ROUNDS if finals else 0):
         for h in finals[r % len(finals) :] + finals[: r % len(finals)]:
             try:
                 samples[h].append(_time_one(exes[hashes.index(h)], sets, warmup, iters, None)[0])
             except RuntimeError:
                 pass  # timed once already; its first timing stands
+            rep.advance()
     for h, xs in samples.items():
         timings[h] = statistics.median(xs)
     if finals:
         best = hashes.index(min(finals, key=timings.__getitem__))
         if verbose:
-            print(
+            _progress.say(
                 "[mirage] finalists (median of "
                 + ", ".join(f"{h[:12]} {timings[h]:.2f} us" for h in finals)
-                + f"): candidate {best}",
-                file=sys.stderr,
+                + f"): candidate {best}"
             )
+    rep.end()
     phases = {"compile": t1 - t0, "inputs": t2 - t1, "timing": time.perf_counter() - t2}
     return best, timings, skipped, phases, finals

@@ -34,6 +34,10 @@ OTHER_VARIABLES: tuple[tuple[str, str], ...] = (
     ("MIRAGE_CUDA_INCLUDE", "CUDA include folders searched first"),
     ("MIRAGE_NVDISASM", "the nvdisasm executable used for SASS"),
     ("MIRAGE_BLESS", "1: the op registry's test rewrites docs/ops.md instead of comparing it"),
+    (
+        "MIRAGE_PROGRESS",
+        "superoptimize's progress display where progress=None: 1 on, 0 off, plain (no tqdm)",
+    ),
 )
 
 

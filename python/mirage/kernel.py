@@ -432,6 +432,7 @@ class KNGraph:
         use_symbolic_search: bool = False,
         symbolic_checkpoint: PathLike | None = None,
         search_time_limit_sec: float | None = None,
+        progress: bool | None = None,
     ) -> KNGraph:
         """Searches µGraphs equivalent to this graph and returns the best one as a new graph.
 
@@ -469,7 +470,12 @@ class KNGraph:
         * ``save_codes``: ``True`` (folder ``$MIRAGE_SAVE_CODES`` or ``mirage_generated``) or a
           folder: write the winner's generated CUDA source.
         * ``time_budget``: seconds; the search stops then and uses the best found so far.
-          ``num_threads``: search threads (default: all cores). ``verbose``: progress on stderr.
+          ``num_threads``: search threads (default: all cores). ``verbose``: what each step
+          found, on stderr.
+        * ``progress``: a progress display on stderr over the stages (search, verification,
+          compilation, profiling, confirmation), drawn with ``tqdm`` when it is installed,
+          else as one line; ``None`` (default): ``MIRAGE_PROGRESS`` (``1``, ``0``, ``plain``)
+          if set, else on when stderr is a terminal (docs/ux.md).
         * Accepted and ignored: ``use_graph_dataset`` (no bundled dataset of pre-searched
           graphs) and ``is_formal_verified`` (candidates are always checked by the
           finite-field verifier plus a float test).
@@ -481,7 +487,9 @@ class KNGraph:
         Ctrl-C cancels the search promptly and raises ``KeyboardInterrupt``. Bad argument types
         raise ``TypeError``, bad values ``ValueError``; a search that finds nothing raises
         :class:`mirage.search.SearchError` with the reason. The returned graph carries
-        ``search_stats`` (a dict) and ``candidates_considered``.
+        ``search_stats`` (a dict; its ``summary`` says in one line what was chosen and why,
+        printed with ``verbose`` or ``progress``) and ``candidates_considered``;
+        :meth:`explain` shows its kernels.
         """
         from .search import superoptimize
 
@@ -513,7 +521,15 @@ class KNGraph:
             time_budget=time_budget,
             num_threads=num_threads,
             cache_dir=cache_dir,
+            progress=progress,
         )
+
+    def explain(self, **kwargs: Any) -> str:
+        """Prints and returns what this graph runs, kernel op by kernel op (see
+        :func:`mirage.explain.explain` for the keywords: ``compile``, ``dot``, ...)."""
+        from .explain import explain
+
+        return explain(self, **kwargs)
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{d.dims}:{d.dtype.name}" for d in self.inputs)

@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
 
-from . import _core, _cuda
+from . import _core, _cuda, _progress
 from ._autotune import (
     _GPU_TOP_N,
     PROFILE_TOP_N,
@@ -69,6 +69,7 @@ from ._search_cache import (
     _switches_tag,
     default_cache_dir,
 )
+from .explain import summary
 from .kernel import KNGraph
 
 __all__ = [
@@ -147,9 +148,8 @@ def _results(
         data = _load(path, graph_hash, key) if use_cached_graphs and reuse else None
     if data is not None:
         if verbose:
-            print(
-                f"[mirage] superoptimize: loaded {len(data['candidates'])} candidates from {path}",
-                file=sys.stderr,
+            _progress.say(
+                f"[mirage] superoptimize: loaded {len(data['candidates'])} candidates from {path}"
             )
         return data, path, source
     data = _fresh_data(graph, graph_hash, key, settings, time_budget, num_threads, verbose)
@@ -181,8 +181,15 @@ def _fresh_data(
     verbose: bool,
 ) -> dict[str, Any]:
     """Runs the search and returns its results as a cache entry (see ``_entry_problem``)."""
+    rep = _progress.current()
     raw = search_candidates(
-        graph, settings, time_budget=time_budget, num_threads=num_threads, verbose=verbose
+        graph,
+        settings,
+        time_budget=time_budget,
+        num_threads=num_threads,
+        # The progress display, when on, replaces the search's own verbose line.
+        verbose=verbose and not rep.enabled,
+        on_progress=rep.search_tick if rep.enabled else None,
     )
     return {
         "format": _CACHE_FORMAT,
@@ -228,14 +235,18 @@ def _first_confirmed(
     ``{"rejected": [hashes], "seconds": wall time}``."""
     t0 = time.perf_counter()
     rejected: list[str] = []
+    rep = _progress.current()
+    rep.stage("confirm")
     for i in order:
+        rep.update(info=f"candidate {i}")
         why = _confirm(reference, graphs[i])
+        rep.advance()
         if why is None:
+            rep.end()
             if verbose:
-                print(
+                _progress.say(
                     f"[mirage] candidate {i} ({cands[i]['hash'][:12]}): every-element check "
-                    f"passed in {time.perf_counter() - t0:.2f} s",
-                    file=sys.stderr,
+                    f"passed in {time.perf_counter() - t0:.2f} s"
                 )
             return i, {"rejected": rejected, "seconds": time.perf_counter() - t0}
         rejected.append(cands[i]["hash"])
@@ -245,6 +256,7 @@ def _first_confirmed(
             RuntimeWarning,
             stacklevel=5,
         )
+    rep.end()
     return None, {"rejected": rejected, "seconds": time.perf_counter() - t0}
 
 
@@ -374,6 +386,7 @@ def superoptimize(
     time_budget: float | None = None,
     num_threads: int | None = None,
     cache_dir: PathLike | None = None,
+    progress: bool | None = None,
 ) -> KNGraph:
     """The implementation of :meth:`KNGraph.superoptimize` (see there)."""
     if not isinstance(graph, KNGraph):
@@ -437,20 +450,21 @@ def superoptimize(
 
     t0 = time.perf_counter()
     sources = (graph, settings, checkpoint, folder, use_cached_graphs, time_budget, num_threads)
-    data, path, loaded_from = _results(*sources, verbose)
-
     save = checkpoint is not None or use_cached_graphs
     profiling = (warmup_iters, profile_iters)
-    choice = _choose(graph, data, settings, backend, profiling, path if save else None, verbose)
-    if choice is None and loaded_from is not None:
-        warnings.warn(
-            f"superoptimize: no candidate from the {loaded_from} ({path}) passed the "
-            "every-element equivalence check; searching again",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        data, path, loaded_from = _results(*sources, verbose, reuse=False)
+    with _progress.session(progress) as rep:
+        data, path, loaded_from = _results(*sources, verbose)
         choice = _choose(graph, data, settings, backend, profiling, path if save else None, verbose)
+        if choice is None and loaded_from is not None:
+            warnings.warn(
+                f"superoptimize: no candidate from the {loaded_from} ({path}) passed the "
+                "every-element equivalence check; searching again",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            data, path, loaded_from = _results(*sources, verbose, reuse=False)
+            save_to = path if save else None
+            choice = _choose(graph, data, settings, backend, profiling, save_to, verbose)
     if choice is None:
         raise SearchError(
             "superoptimize found no usable µGraph: no candidate passed the every-element "
@@ -477,16 +491,11 @@ def superoptimize(
             "total_seconds": time.perf_counter() - t0,
         }
     )
+    stats["summary"] = summary(result, stats, winner, considered)
     result.search_stats = stats
     result.candidates_considered = considered
-    if verbose:
-        print(
-            f"[mirage] superoptimize: chose candidate {winner} of {considered} "
-            f"({selection['method'].replace('_', ' ')}; "
-            f"modelled {chosen['cost']['est_us']:.2f} us, "
-            f"{chosen['customized_kernels']} customized kernel(s))",
-            file=sys.stderr,
-        )
+    if verbose or rep.enabled:
+        print(f"[mirage] superoptimize: {stats['summary']}", file=sys.stderr)
     return result
 
 

@@ -3,7 +3,7 @@
 use mirage::{KernelOpKind, Tensor, TensorId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::block::BlockGraph;
 use crate::convert::{parse_binary, parse_dtype, parse_unary, OrPyErr};
@@ -142,6 +142,28 @@ impl KernelGraph {
 
     fn to_dot(&self) -> String {
         mirage::dot::to_dot(&self.inner)
+    }
+
+    /// The search's cost model (default model, `sm_90` target) of each op but the inputs, in
+    /// graph order: `[{"op", "est_us", "dram_bytes", "l2_bytes", "flops", "launches",
+    /// "shared_memory"}]`; their `est_us` sum to the graph's modelled time.
+    fn op_costs<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let cfg = mirage::search::SearchConfig::default();
+        let costs = mirage::search::cost::kernel_op_costs(&self.inner, &cfg.cost_model, &cfg.target);
+        costs
+            .into_iter()
+            .map(|(op, c)| {
+                let d = PyDict::new(py);
+                d.set_item("op", op)?;
+                d.set_item("est_us", c.est_us)?;
+                d.set_item("dram_bytes", c.dram_bytes)?;
+                d.set_item("l2_bytes", c.l2_bytes)?;
+                d.set_item("flops", c.flops)?;
+                d.set_item("launches", c.launches)?;
+                d.set_item("shared_memory", c.shared_memory)?;
+                Ok(d)
+            })
+            .collect()
     }
 
     /// Runs the CPU interpreter. `inputs`: one `bytes` per graph input, float32 little-endian,

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mirage::search::{
-    superoptimize, Candidate, Progress, SearchConfig, SearchError, SearchResult, SearchStats, StopReason, Verification,
+    superoptimize, Candidate, Phase, Progress, SearchConfig, SearchError, SearchResult, SearchStats, StopReason,
+    Verification,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -66,6 +67,14 @@ fn progress_line(p: Option<&Progress>, elapsed: Duration, budget: Option<Duratio
     };
     match p {
         None => format!("[mirage] superoptimize {time}: saturating the target's e-graph"),
+        Some(p) if p.phase >= Phase::Verify => format!(
+            "[mirage] superoptimize {time}: verifying {} candidates: checked {}, equivalent {} (goal {}), failed {}",
+            fmt_count(p.candidates),
+            p.checked,
+            p.verified,
+            p.verify_goal,
+            p.verification_failed
+        ),
         Some(p) => format!(
             "[mirage] superoptimize {time}: kernel ops {}, states {}, pruned {} (expression) + {} (limits), block graphs {}",
             p.kernel_ops,
@@ -77,23 +86,61 @@ fn progress_line(p: Option<&Progress>, elapsed: Duration, budget: Option<Duratio
     }
 }
 
-fn progress_dict<'py>(py: Python<'py>, p: Option<&Progress>, elapsed: Duration) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("elapsed", elapsed.as_secs_f64())?;
-    let p = p.cloned().unwrap_or(Progress {
+/// The snapshot before the first report (the target's e-graph is being saturated).
+fn no_progress(elapsed: Duration) -> Progress {
+    Progress {
+        phase: Phase::Search,
         kernel_ops: 0,
         states: 0,
         pruned_by_expression: 0,
         pruned_by_limits: 0,
         block_graphs: 0,
+        candidates: 0,
+        checked: 0,
+        verified: 0,
+        verification_failed: 0,
+        verify_goal: 0,
         elapsed,
         budget: None,
-    });
+    }
+}
+
+/// Keeps in `slot` the largest value of each counter seen: reports come from several search
+/// threads and may arrive out of order, and what Python reads must only grow.
+fn merge_progress(slot: &mut Option<Progress>, p: &Progress) {
+    let Some(s) = slot else {
+        *slot = Some(p.clone());
+        return;
+    };
+    s.phase = s.phase.max(p.phase);
+    s.kernel_ops = s.kernel_ops.max(p.kernel_ops);
+    s.states = s.states.max(p.states);
+    s.pruned_by_expression = s.pruned_by_expression.max(p.pruned_by_expression);
+    s.pruned_by_limits = s.pruned_by_limits.max(p.pruned_by_limits);
+    s.block_graphs = s.block_graphs.max(p.block_graphs);
+    s.candidates = s.candidates.max(p.candidates);
+    s.checked = s.checked.max(p.checked);
+    s.verified = s.verified.max(p.verified);
+    s.verification_failed = s.verification_failed.max(p.verification_failed);
+    s.verify_goal = s.verify_goal.max(p.verify_goal);
+    s.elapsed = s.elapsed.max(p.elapsed);
+}
+
+fn progress_dict<'py>(py: Python<'py>, p: Option<&Progress>, elapsed: Duration) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("elapsed", elapsed.as_secs_f64())?;
+    let p = p.cloned().unwrap_or_else(|| no_progress(elapsed));
+    d.set_item("phase", if p.kernel_ops == 0 && p.phase == Phase::Search { "saturate" } else { p.phase.name() })?;
     d.set_item("kernel_ops", p.kernel_ops)?;
     d.set_item("states", p.states)?;
     d.set_item("pruned_by_expression", p.pruned_by_expression)?;
     d.set_item("pruned_by_limits", p.pruned_by_limits)?;
     d.set_item("block_graphs", p.block_graphs)?;
+    d.set_item("candidates", p.candidates)?;
+    d.set_item("checked", p.checked)?;
+    d.set_item("verified", p.verified)?;
+    d.set_item("verification_failed", p.verification_failed)?;
+    d.set_item("verify_goal", p.verify_goal)?;
     Ok(d)
 }
 
@@ -246,7 +293,9 @@ fn stderr_is_tty(py: Python<'_>) -> bool {
 /// Candidates are cheapest first by the cost model, each `{"graph": JSON, "hash", "cost":
 /// {...}, "customized_kernels", "verification": "passed" | "unstable" | "not_checked",
 /// "verification_reason"}`. `None` settings keep the search's defaults. `tick`, if given, is
-/// called every `tick_interval` seconds with a progress dict; an exception it raises cancels the
+/// called every `tick_interval` seconds with a progress dict (`phase`: "saturate", "search",
+/// "verify" or "done", and counters that only grow), and once more when the search has
+/// returned, with phase "done" and the search's totals; an exception it raises cancels the
 /// search and is re-raised (as is `KeyboardInterrupt` from Ctrl-C).
 #[pyfunction]
 #[pyo3(signature = (
@@ -295,7 +344,7 @@ fn search<'py>(
         cancel: Some(Arc::clone(&cancel)),
         progress: Some(Arc::new(move |p: &Progress| {
             if let Ok(mut slot) = sink.lock() {
-                *slot = Some(p.clone());
+                merge_progress(&mut slot, p);
             }
         })),
         progress_interval: Duration::from_millis(100),
@@ -338,6 +387,7 @@ fn search<'py>(
     };
     let reference = &graph.inner;
     let cfg = &cfg;
+    let latest_final = Arc::clone(&latest);
     let (outcome, pending) = polled(
         py,
         interval,
@@ -362,6 +412,11 @@ fn search<'py>(
         return Err(e);
     }
     let result = result.map_err(to_py)?;
+    // The last tick sees the final counters (the search's totals, phase "done").
+    if let Some(cb) = ticker.tick {
+        let snap = latest_final.lock().ok().and_then(|g| g.clone());
+        cb.call1(py, (progress_dict(py, snap.as_ref(), ticker.start.elapsed())?,))?;
+    }
     ticker.finish(py, &result)?;
     result_dict(py, &result)
 }

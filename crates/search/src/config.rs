@@ -10,9 +10,36 @@ use crate::axioms::SaturationLimits;
 use crate::cost::CostModel;
 use mirage_ugraph::Target;
 
-/// A snapshot of a running search, passed to the progress callback.
+/// What a running search is doing.
+/// Phases come in this order (`Ord` follows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Phase {
+    /// Enumerating µGraphs (kernel graphs and their block graphs).
+    #[default]
+    Search,
+    /// Checking the cheapest candidates for equivalence and stability.
+    Verify,
+    /// Finished: the counters are the search's totals.
+    Done,
+}
+
+impl Phase {
+    /// The phase's name: `"search"`, `"verify"` or `"done"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Search => "search",
+            Phase::Verify => "verify",
+            Phase::Done => "done",
+        }
+    }
+}
+
+/// A snapshot of a running search, passed to the progress callback. Every counter only grows
+/// during a search; in the [`Phase::Done`] snapshot they equal the [`crate::SearchStats`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Progress {
+    /// What the search is doing.
+    pub phase: Phase,
     /// Kernel ops of the µGraphs being searched now (iterative deepening level).
     pub kernel_ops: usize,
     /// Block-graph states visited so far.
@@ -23,6 +50,16 @@ pub struct Progress {
     pub pruned_by_limits: u64,
     /// Complete block graphs found.
     pub block_graphs: u64,
+    /// Distinct candidate µGraphs generated (known once enumeration ends; 0 before).
+    pub candidates: u64,
+    /// Candidates checked so far.
+    pub checked: u64,
+    /// Candidates checked and found equivalent (`SearchStats::verified`).
+    pub verified: u64,
+    /// Candidates checked and found wrong (`SearchStats::verification_failed`).
+    pub verification_failed: u64,
+    /// Stable candidates the checking aims for (`VerifyOptions::top_n`, at most `candidates`).
+    pub verify_goal: u64,
     /// Time since the search started.
     pub elapsed: Duration,
     /// The time budget, if any.

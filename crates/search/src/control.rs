@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::{Progress, ProgressFn, SearchConfig};
+use crate::config::{Phase, Progress, ProgressFn, SearchConfig};
 
 /// Why a search stopped before exploring everything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +27,11 @@ pub(crate) struct Counters {
     pub configurations: AtomicU64,
     pub builder_rejects: AtomicU64,
     pub ill_typed: AtomicU64,
+    pub candidates: AtomicU64,
+    pub checked: AtomicU64,
+    pub verified: AtomicU64,
+    pub verification_failed: AtomicU64,
+    pub verify_goal: AtomicU64,
 }
 
 /// Stop condition and progress reporting.
@@ -41,6 +46,7 @@ pub(crate) struct Control {
     interval_ms: u64,
     last_progress_ms: AtomicU64,
     pub kernel_ops: AtomicUsize,
+    phase: AtomicUsize,
     pub counters: Counters,
 }
 
@@ -58,6 +64,7 @@ impl Control {
             interval_ms: cfg.progress_interval.as_millis() as u64,
             last_progress_ms: AtomicU64::new(0),
             kernel_ops: AtomicUsize::new(0),
+            phase: AtomicUsize::new(0),
             counters: Counters::default(),
         }
     }
@@ -115,6 +122,25 @@ impl Control {
         }
     }
 
+    /// Moves to `phase` and reports it at once.
+    pub fn enter(&self, phase: Phase) {
+        let code = match phase {
+            Phase::Search => 0,
+            Phase::Verify => 1,
+            Phase::Done => 2,
+        };
+        self.phase.store(code, Relaxed);
+        self.report(true);
+    }
+
+    fn phase(&self) -> Phase {
+        match self.phase.load(Relaxed) {
+            0 => Phase::Search,
+            1 => Phase::Verify,
+            _ => Phase::Done,
+        }
+    }
+
     /// Calls the progress callback if the interval has passed (or always with `force`).
     pub fn report(&self, force: bool) {
         let Some(cb) = &self.progress else { return };
@@ -129,14 +155,21 @@ impl Control {
         cb(&self.snapshot());
     }
 
+    /// The counters now.
     pub fn snapshot(&self) -> Progress {
         let c = &self.counters;
         Progress {
+            phase: self.phase(),
             kernel_ops: self.kernel_ops.load(Relaxed),
             states: c.states.load(Relaxed),
             pruned_by_expression: c.pruned_expr.load(Relaxed),
             pruned_by_limits: c.pruned_limits.load(Relaxed),
             block_graphs: c.block_graphs.load(Relaxed),
+            candidates: c.candidates.load(Relaxed),
+            checked: c.checked.load(Relaxed),
+            verified: c.verified.load(Relaxed),
+            verification_failed: c.verification_failed.load(Relaxed),
+            verify_goal: c.verify_goal.load(Relaxed),
             elapsed: self.start.elapsed(),
             budget: self.budget,
         }

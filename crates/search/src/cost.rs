@@ -234,10 +234,20 @@ pub fn streamed_operand_flops(bg: &BlockGraph) -> u64 {
         .sum()
 }
 
-/// Cost of a whole kernel graph (predefined ops and customized kernels) on `t`.
+/// Cost of a whole kernel graph (predefined ops and customized kernels) on `t`: the sum of
+/// [`kernel_op_costs`].
 pub fn kernel_graph_cost(g: &KernelGraph, m: &CostModel, t: &Target) -> Cost {
     let mut total = Cost::default();
-    for op in &g.ops {
+    for (_, c) in kernel_op_costs(g, m, t) {
+        total.add(c);
+    }
+    total
+}
+
+/// Cost of each kernel op of `g` on `t` but the inputs, as `(op index, cost)` in graph order.
+pub fn kernel_op_costs(g: &KernelGraph, m: &CostModel, t: &Target) -> Vec<(usize, Cost)> {
+    let mut out = Vec::with_capacity(g.ops.len());
+    for (i, op) in g.ops.iter().enumerate() {
         let bytes = |t: usize| numel(&g.tensors[t].dims) * g.tensors[t].dtype.size_bytes() as u64;
         let c = match &op.kind {
             KernelOpKind::Input { .. } => continue,
@@ -254,9 +264,9 @@ pub fn kernel_graph_cost(g: &KernelGraph, m: &CostModel, t: &Target) -> Cost {
                 Cost { est_us: busy + m.launch_us, dram_bytes: io, l2_bytes: 0, flops, launches: 1, shared_memory: 0 }
             }
         };
-        total.add(c);
+        out.push((i, c));
     }
-    total
+    out
 }
 
 #[cfg(test)]

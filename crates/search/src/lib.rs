@@ -30,7 +30,7 @@ pub mod search;
 pub mod verify;
 
 pub use axioms::{SaturationLimits, SaturationReport};
-pub use config::{Progress, ProgressFn, SearchConfig, VerifyOptions};
+pub use config::{Phase, Progress, ProgressFn, SearchConfig, VerifyOptions};
 pub use control::StopReason;
 pub use cost::{Cost, CostModel};
 pub use error::{Result, SearchError};

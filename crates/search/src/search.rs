@@ -22,7 +22,7 @@ use mirage_ugraph::{graph_hash, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, 
 use rayon::prelude::*;
 
 use crate::axioms::SaturationReport;
-use crate::config::SearchConfig;
+use crate::config::{Phase, SearchConfig};
 use crate::control::{Control, StopReason};
 use crate::cost::{block_graph_cost, kernel_graph_cost, stage_bytes, Cost, CostModel};
 use crate::error::{Result, SearchError};
@@ -266,10 +266,13 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig, start: std::time::Instant) -
 
     let mut candidates = build_candidates(reference, &ctx, &specs)?;
     let total = candidates.len();
+    ctl.counters.candidates.store(total as u64, Relaxed);
+    ctl.enter(Phase::Verify);
     let (verified, failed, online_softmax_rewrites) = verify_all(reference, cfg, &ctl, &mut candidates);
     if cfg.verify.co_resident {
         add_twins(&mut candidates, &cfg.cost_model, &cfg.target);
     }
+    ctl.enter(Phase::Done);
     let c = &ctl.counters;
     let stats = SearchStats {
         states_visited: c.states.load(Relaxed),
@@ -838,6 +841,8 @@ fn verify_all(
 ) -> (usize, usize, usize) {
     let want = cfg.verify.top_n;
     let order = check_order(cands, cfg.verify.spread, &cfg.cost_model, &cfg.target);
+    let counters = &ctl.counters;
+    counters.verify_goal.store(want.min(order.len()) as u64, Relaxed);
     let (mut stable, mut unstable, mut failed, mut rewrites, mut next) = (0, 0, 0, 0, 0);
     let mut seen: HashSet<String> = HashSet::new();
     let checker = Checker::new(reference, &cfg.verify);
@@ -856,7 +861,14 @@ fn verify_all(
         let batch = if cut { rayon::current_num_threads().min(want - stable) } else { want - stable };
         let end = next.saturating_add(batch).min(order.len());
         let idx = &order[next..end];
-        let checked: Vec<_> = idx.par_iter().map(|&i| check_candidate(&checker, cfg, &cands[i])).collect();
+        let checked: Vec<_> = idx
+            .par_iter()
+            .map(|&i| {
+                let r = check_candidate(&checker, cfg, &cands[i]);
+                counters.checked.fetch_add(1, Relaxed);
+                r
+            })
+            .collect();
         for (&i, (v, rewrite)) in idx.iter().zip(checked) {
             if let Some(new) = rewrite {
                 rewrites += 1;
@@ -870,6 +882,9 @@ fn verify_all(
                 _ => failed += 1,
             }
         }
+        counters.verified.store((stable + unstable) as u64, Relaxed);
+        counters.verification_failed.store(failed as u64, Relaxed);
+        ctl.report(false);
         next = end;
     }
     cands.retain(|c| !matches!(c.verification, Verification::Failed(_)));

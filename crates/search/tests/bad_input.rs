@@ -2,10 +2,10 @@
 //! cancellation, tiny budgets; a graph with unmarked outputs is searched like a marked one.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mirage_search::{superoptimize, SearchConfig, SearchError, StopReason};
+use mirage_search::{superoptimize, Phase, SearchConfig, SearchError, StopReason};
 use mirage_ugraph::{zoo, DType, KernelGraph, UnaryOp};
 
 fn small_rmsnorm() -> zoo::Pair {
@@ -114,6 +114,41 @@ fn progress_is_reported() {
     };
     superoptimize(&small_rmsnorm().reference, &cfg).expect("search runs");
     assert!(calls.load(Ordering::Relaxed) >= 2);
+}
+
+#[test]
+fn progress_counters_grow_and_end_at_the_totals() {
+    let seen: Arc<Mutex<Vec<mirage_search::Progress>>> = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let cfg = SearchConfig {
+        progress: Some(Arc::new(move |p: &mirage_search::Progress| {
+            sink.lock().expect("lock").push(p.clone());
+        })),
+        progress_interval: Duration::from_millis(1),
+        max_kernel_ops: 1,
+        ..SearchConfig::default()
+    };
+    let r = superoptimize(&small_rmsnorm().reference, &cfg).expect("search runs");
+    let seen = seen.lock().expect("lock").clone();
+    let key = |p: &mirage_search::Progress| {
+        [p.states, p.block_graphs, p.candidates, p.checked, p.verified, p.verification_failed]
+    };
+    // The last report is the final one, after every search thread is done; reports before it
+    // never exceed it.
+    let last = key(seen.last().expect("reports"));
+    for p in &seen {
+        assert!(key(p).iter().zip(&last).all(|(a, b)| a <= b), "{:?} before the final {last:?}", key(p));
+    }
+    assert!(seen.iter().any(|p| p.phase == Phase::Verify));
+    let last = seen.last().expect("reports");
+    assert_eq!(last.phase, Phase::Done);
+    let s = &r.stats;
+    assert_eq!(last.candidates, s.candidates as u64);
+    assert_eq!(last.verified, s.verified as u64);
+    assert_eq!(last.verification_failed, s.verification_failed as u64);
+    assert_eq!(last.states, s.states_visited);
+    assert_eq!(last.block_graphs, s.block_graphs);
+    assert!(last.checked >= last.verified + last.verification_failed && last.verified >= 1);
 }
 
 #[test]

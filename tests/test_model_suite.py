@@ -110,11 +110,12 @@ def test_each_default_program_builds_at_its_real_shape(ms, i):
     p = cell.program
     if p == "qkv":
         qkv = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim
-        assert dims == [(b, w["h"]), (w["h"],), (w["h"], qkv)]
+        assert dims == [(b, w["h"]), (1, w["h"]), (w["h"], qkv)]  # the weight broadcast
         assert cell.model != "gemma2-9b" or qkv == (16 + 2 * 8) * 256
     elif p in ("attn_decode", "qknorm"):
         bkv, d = b * cfg.kv_heads, cfg.head_dim
         assert dims[:3] == [(bkv, cfg.group, d), (bkv, d, cell.param), (bkv, cell.param, d)]
+        assert dims[3:] == ([(1, 1, d)] * 2 if p == "qknorm" else [])
         assert tuple(out.dims) == (bkv, cfg.heads // cfg.kv_heads, d)
     elif p == "attn_prefill":
         bkv, d, t = b * cfg.kv_heads, cfg.head_dim, cell.param
@@ -122,7 +123,7 @@ def test_each_default_program_builds_at_its_real_shape(ms, i):
     elif p == "oproj":
         assert dims == [(b, w["q"]), (w["q"], w["h"])]
     elif p == "gate_up":
-        assert dims == [(b, w["h"]), (w["h"],), (w["h"], w["i"]), (w["h"], w["i"])]
+        assert dims == [(b, w["h"]), (1, w["h"]), (w["h"], w["i"]), (w["h"], w["i"])]
     elif p == "down":
         assert dims == [(b, w["i"]), (w["i"], w["h"])]
     elif p == "mlp":
@@ -147,6 +148,31 @@ def test_every_default_program_matches_its_torch_function_on_the_cpu_interpreter
         assert float(ref.abs().max()) > 0.05  # outputs are O(1), not vanishing
         errs[cell.name] = _rel(out, ref)
     assert max(errs.values()) < 1e-4, errs
+
+
+NORM_WEIGHTS = ("w_norm", "w_q", "w_v")
+
+
+def test_both_norm_weight_forms_compute_the_same(ms):
+    # rms_norm(x, weight=w) with w (n,) and mul(rms_norm(x), w) with w (1, .., n).
+    for name in ("qwen2.5-7b/gate_up/b1/fp16", "phi3-mini/qknorm/b8/kv1024/bf16"):
+        cell = ms.parse_cell(name)
+        outs = []
+        for form in ms.NORM_WEIGHT_FORMS:
+            g = ms.build_program(cell, scale=16, dtype="float32", norm_weight=form)
+            gen = torch.Generator().manual_seed(5)
+            xs = ms.make_inputs(cell, gen, scale=16, dtype="float32", norm_weight=form)
+            specs = ms.input_specs(cell, 16, form)
+            norm_w = [tuple(x.shape) for x, sp in zip(xs, specs) if sp.name in NORM_WEIGHTS]
+            rank = 1 if form == "keyword" else xs[0].dim()
+            assert norm_w and all(len(d) == rank and math.prod(d) == d[-1] for d in norm_w)
+            (out,) = g(inputs=xs)
+            ref = ms.torch_fn(cell)(*[x.double() for x in xs])
+            assert _rel(out, ref) < 1e-5, (name, form)
+            outs.append(out)
+        assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="norm_weight"):
+        ms.input_specs(ms.DEFAULT[0], norm_weight="fold")
 
 
 def test_a_wrong_program_is_caught_by_the_same_comparison(ms):

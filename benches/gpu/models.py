@@ -81,8 +81,8 @@ def sdpa_fn(cell: ms.Cell) -> ms.TensorFn:
             q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor, wv: torch.Tensor
         ) -> torch.Tensor:
             d = q.shape[-1]
-            q = F.rms_norm(q, (d,), weight=wq, eps=eps)
-            v = F.rms_norm(v, (d,), weight=wv, eps=eps)
+            q = F.rms_norm(q, (d,), weight=wq.reshape(d), eps=eps)
+            v = F.rms_norm(v, (d,), weight=wv.reshape(d), eps=eps)
             return F.scaled_dot_product_attention(q, k, v, scale=1.0)
 
         return sdpa_qknorm
@@ -156,9 +156,9 @@ def profile_iters_for(nbytes: int, flops: int, cap: int, per_candidate_ms: float
     return max(20, min(cap, int(per_candidate_ms * 1e-3 / floor_s)))
 
 
-def cell_record(cell: ms.Cell, l2: int) -> dict[str, Any]:
+def cell_record(cell: ms.Cell, l2: int, norm_weight: str = "mul") -> dict[str, Any]:
     """The cell's static description (no GPU needed)."""
-    specs = ms.input_specs(cell)
+    specs = ms.input_specs(cell, norm_weight=norm_weight)
     out = ms.output_dims(cell)
     size = 2 if cell.dtype != "float32" else 4
     in_bytes = sum(size * math.prod(s.dims) for s in specs)
@@ -186,7 +186,7 @@ def search(cell: ms.Cell, rec: dict[str, Any], args: argparse.Namespace) -> Any:
     config = ms.PROGRAMS[cell.program].config
     t0 = time.perf_counter()
     try:
-        g = ms.build_program(cell)
+        g = ms.build_program(cell, norm_weight=args.norm_weight)
         best = g.superoptimize(
             backend="cuda",
             config=config,
@@ -233,7 +233,7 @@ def run_cell(cell: ms.Cell, args: argparse.Namespace, l2: int) -> tuple[dict[str
     ``error``, its search kept."""
     import torch._dynamo
 
-    rec = cell_record(cell, l2)
+    rec = cell_record(cell, l2, args.norm_weight)
     torch._dynamo.reset()  # fresh compile caches: no recompiles across cells
     best = search(cell, rec, args)
     try:
@@ -251,7 +251,9 @@ def check_and_time(cell: ms.Cell, rec: dict[str, Any], best: Any, args: argparse
     from mirage import _cuda
 
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(cell.name.encode()))
-    sets = [ms.make_inputs(cell, gen, "cuda") for _ in range(rec["sets"])]
+    sets = [
+        ms.make_inputs(cell, gen, "cuda", norm_weight=args.norm_weight) for _ in range(rec["sets"])
+    ]
     refs = [reference64(cell, xs) for xs in sets[: min(2, len(sets))]]
     tol = TOL[cell.dtype]
     out_bytes = 2 * math.prod(rec["out_dims"])
@@ -526,6 +528,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "would pass it (the rest are recorded as skipped)",
     )
     run.add_argument(
+        "--norm-weight",
+        choices=ms.NORM_WEIGHT_FORMS,
+        default="mul",
+        help="how programs apply RMSNorm weights: mul(rms_norm(x), w) (default) or "
+        "rms_norm(x, weight=w), which the search does not fuse yet",
+    )
+    run.add_argument(
         "--search-budget",
         type=float,
         default=None,
@@ -701,7 +710,7 @@ def run_all(args: argparse.Namespace, meta: dict[str, Any], l2: int, started: fl
         if stop is None and should_skip(started, now, args.time_budget, durations):
             stop = f"time budget: {now - started:.0f} s of {args.time_budget:.0f} used"
         if stop is not None:
-            rec = cell_record(cell, l2)
+            rec = cell_record(cell, l2, args.norm_weight)
             rec["skipped"] = stop
             cells.append(rec)
             saver.save(cells)
@@ -714,10 +723,10 @@ def run_all(args: argparse.Namespace, meta: dict[str, Any], l2: int, started: fl
         except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep what finished, report it
             stop = "interrupted"
             print("    interrupted: the remaining cells are recorded as skipped", flush=True)
-            rec = cell_record(cell, l2)
+            rec = cell_record(cell, l2, args.norm_weight)
             rec["skipped"] = stop
         except Exception as e:  # noqa: BLE001  (a failing cell is recorded, the run goes on)
-            rec = cell_record(cell, l2)
+            rec = cell_record(cell, l2, args.norm_weight)
             rec["error"] = bench._short_error(e, "cell")
             print(f"    cell failed: {rec['error']}", flush=True)
             torch.cuda.empty_cache()
@@ -789,6 +798,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warmup_replays": args.warmup_replays,
         "compile_mode": bench.COMPILE_MODE,
         "eps_supported": ms.eps_supported(),
+        "norm_weight": args.norm_weight,
         "search_target_s": SEARCH_TARGET_S,
         "selected": [c.name for c in args.selected],
     }

@@ -5,8 +5,8 @@
 # $OUT/NAME.log. The run stops itself LIMIT seconds (default 570) after it starts, keeping
 # every finished cell; pass --time-budget to skip cells that would not finish in time.
 #
-#   bash benches/gpu/models.sh m1 --shard 1/2 --time-budget 500
-#   bash benches/gpu/models.sh m2 --shard 2/2 --time-budget 500
+#   bash benches/gpu/models.sh m1 --shard 1/2 --time-budget 520 --search-budget 30
+#   bash benches/gpu/models.sh m2 --shard 2/2 --time-budget 520 --search-budget 30
 #   python benches/gpu/models.py --merge m1.json m2.json --write-md BENCHMARKS.md   # anywhere
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -347,7 +347,10 @@ def test_summary_geomean_memory_bound_fraction_and_search_times(models, ms):
     gm = math.sqrt(1.5 * 0.9)  # decode 90/60, prefill 450/500; the failed mlp left out
     assert f"over 2 cells: {gm:.2f}x" in lines[1]
     assert "1 where ours failed" in lines[1] and "1 skipped" in lines[1]
-    assert "1 that failed as a whole" in lines[1]
+    assert "1 that failed as a whole" in lines[1] and "without a passing" not in lines[1]
+    alone = copy.deepcopy(cells[0])
+    alone["contenders"] = {"eager": _entry(30.0, err=0.3, ok=False)}
+    assert "1 without a passing contender" in models.summary_lines([alone], meta)[1]
     frac = cells[0]["bytes"] / 3000e9 * 1e6 / 60.0
     assert f"Memory-bound cells (1): floor/ours {frac:.2f}-{frac:.2f}" in lines[2]
     assert "median 12.0 s, max 41.0 s (mistral-7b/attn_prefill" in lines[3]
@@ -452,7 +455,7 @@ def test_the_run_saves_after_every_cell_records_failures_and_skips_past_the_budg
     assert cells[3]["skipped"].startswith("time budget: 300 s")
     assert set(json.loads(graphs.read_text())) == {names[0], names[2]}
     text = md.read_text()
-    assert text.count("| skipped |") == 2 and "2 skipped (time budget)" in text
+    assert text.count("| skipped |") == 2 and "2 skipped (time budget or interrupted)" in text
 
     # A second run resumes from the first: only the skipped cells run.
     ran: list[str] = []

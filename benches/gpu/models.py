@@ -400,6 +400,9 @@ def summary_lines(cells: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list
     sps = [s for s in (bench.speedup(c) for c in ran) if s is not None]
     gm = bench.geomean(sps)
     n_fail = sum(1 for c in ran if not (c.get("ours") or {}).get("ok"))
+    n_alone = sum(
+        1 for c in ran if (c.get("ours") or {}).get("ok") and bench.best_contender(c) is None
+    )
     n_skip = sum(1 for c in cells if "skipped" in c)
     n_err = sum(1 for c in cells if "error" in c)
     mean = (
@@ -411,8 +414,9 @@ def summary_lines(cells: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list
         f"{n} {what}"
         for n, what in (
             (n_fail, "where ours failed or did not run"),
+            (n_alone, "without a passing contender"),
             (n_err, "that failed as a whole"),
-            (n_skip, "skipped (time budget)"),
+            (n_skip, "skipped (time budget or interrupted)"),
         )
         if n
     ]

@@ -1,5 +1,7 @@
 """Side-by-side GPU benchmark: the µGraph ``superoptimize`` returns vs PyTorch eager,
-torch.compile, SDPA and compiled SDPA, on the paper's fp16 workloads (docs/reference.md: workloads, baselines).
+torch.compile, SDPA (its own choice of backend, and each of flash, memory-efficient and cuDNN
+forced) and compiled SDPA, on the paper's fp16 workloads (docs/reference.md: workloads,
+baselines).
 
 Per workload and batch, in one run:
 
@@ -62,9 +64,24 @@ TOL = 1e-2
 MD_BEGIN = "<!-- bench:begin -->"
 MD_END = "<!-- bench:end -->"
 COMMAND = "PYTHONPATH=/tmp/mi python benches/gpu/bench.py --write-md BENCHMARKS.md"
+#: SDPA contenders with one backend forced (``torch.nn.attention.sdpa_kernel``), by the name
+#: of their ``SDPBackend``; a backend that refuses the shape is reported as n/a.
+SDPA_BACKENDS = {
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+}
 #: Contender columns of the table, in order (ours is separate).
-CONTENDERS = ("eager", "compile", "sdpa", "compile_sdpa")
-SHORT = {"eager": "eager", "compile": "compile", "sdpa": "sdpa", "compile_sdpa": "c.sdpa"}
+CONTENDERS = ("eager", "compile", "sdpa", "compile_sdpa", *SDPA_BACKENDS)
+SHORT = {
+    "eager": "eager",
+    "compile": "compile",
+    "sdpa": "sdpa",
+    "compile_sdpa": "c.sdpa",
+    "sdpa_flash": "flash",
+    "sdpa_efficient": "effic.",
+    "sdpa_cudnn": "cudnn",
+}
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 MIN_SETS, MAX_SETS = 2, 64
 MIN_CALLS = 16  # calls per timed CUDA graph: whole passes over the input sets
@@ -305,6 +322,35 @@ def sdpa_post(out: torch.Tensor) -> torch.Tensor:
     return out.squeeze(1)
 
 
+class NotApplicable(RuntimeError):
+    """A contender that refuses the cell's shape or dtype (e.g. an SDPA backend forced on a
+    head dim it does not support): reported as n/a, not as an error."""
+
+
+def forced_sdpa(fn: TensorFn, backend: str) -> TensorFn:
+    """``fn`` (an SDPA call) run with only ``SDPBackend.<backend>`` allowed. Any error of the
+    call is raised as :class:`NotApplicable` with the backend's reasons (its warnings);
+    ``measure`` reports it as n/a when it happens on the first call, an error later."""
+    import warnings
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = getattr(SDPBackend, backend)
+
+    def run(*xs: torch.Tensor) -> torch.Tensor:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with sdpa_kernel([chosen]):
+                    return fn(*xs)
+            except RuntimeError as e:
+                why = "; ".join(" ".join(str(w.message).split()) for w in caught)
+                raise NotApplicable(f"{backend}: {' '.join(str(e).split())} {why}") from e
+
+    run.__name__ = f"{getattr(fn, '__name__', 'sdpa')}_{backend.lower()}"
+    return run
+
+
 @dataclass
 class Contender:
     name: str
@@ -330,6 +376,9 @@ def contenders_for(kind: str, wanted: Sequence[str]) -> list[Contender]:
             out.append(Contender("sdpa", sdpa, sdpa_prep, sdpa_post))
         if "compile_sdpa" in wanted:
             out.append(Contender("compile_sdpa", compiled(sdpa), sdpa_prep, sdpa_post))
+        for name, backend in SDPA_BACKENDS.items():
+            if name in wanted:
+                out.append(Contender(name, forced_sdpa(sdpa, backend), sdpa_prep, sdpa_post))
     return out
 
 
@@ -434,8 +483,15 @@ def measure(
     args: argparse.Namespace,
     prep: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None = None,
     post: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    tol: float = TOL,
+    check_fn: TensorFn | None = None,
+    before_check: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Checks one contender on the first input sets, then times it (see time_in_graph)."""
+    """Checks one contender on the first input sets, then times it (see time_in_graph).
+
+    ``check_fn`` (default ``fn``) is what the check calls, ``before_check`` runs before each
+    check call (e.g. to poison memory the outputs will come from), and the check passes below
+    ``tol``. A :class:`NotApplicable` on the first call is recorded as ``na`` (the reason)."""
     entry: dict[str, Any] = {"name": name}
     phase = "prepare inputs"
     csets: list[list[torch.Tensor]] = []
@@ -443,16 +499,23 @@ def measure(
         csets = [prep(xs) for xs in sets] if prep is not None else sets
         phase = "first call"
         t0 = time.perf_counter()
-        fn(*csets[0])
+        try:
+            fn(*csets[0])
+        except NotApplicable as e:
+            entry["na"] = str(e)[:400]
+            entry["ok"] = False
+            return entry
         torch.cuda.synchronize()
         entry["first_call_s"] = time.perf_counter() - t0
         phase = "check"
         errs = []
         for xs, ref in zip(csets, refs):
-            out = fn(*xs)
+            if before_check is not None:
+                before_check()
+            out = (check_fn or fn)(*xs)
             errs.append(rel_err(post(out) if post is not None else out, ref))
         entry["err"] = max(errs)
-        entry["ok"] = math.isfinite(entry["err"]) and entry["err"] < TOL
+        entry["ok"] = math.isfinite(entry["err"]) and entry["err"] < tol
         phase = "cuda graph capture/replay"
         entry["us"] = time_in_graph(lambda xs: fn(*xs), csets, args.warmup_replays, args.replays)
     except Exception as e:  # noqa: BLE001  (one failing contender must not stop the run)
@@ -588,7 +651,9 @@ def winner_resources(best: mi.KNGraph) -> list[dict[str, Any]] | str:
 
 
 def report(name: str, entry: dict[str, Any]) -> None:
-    if "us" in entry:
+    if "na" in entry:
+        print(f"    {name:<13} n/a: {entry['na'][:200]}", flush=True)
+    elif "us" in entry:
         first = entry.get("first_call_s")
         extra = f", first call {first:.1f} s" if first is not None and first > 1 else ""
         print(
@@ -637,6 +702,8 @@ def _us(x: float) -> str:
 def _fmt_entry(e: dict[str, Any] | None) -> str:
     if e is None:
         return "-"
+    if "na" in e:
+        return "n/a"
     if e.get("us") is None:
         return "err"
     return _us(e["us"]) if e.get("ok") else f"{_us(e['us'])} (wrong)"
@@ -699,17 +766,19 @@ def table_rows(cells: Sequence[dict[str, Any]], calib: dict[str, float]) -> list
     return rows
 
 
-def render_text(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
+def render_text(rows: Sequence[Sequence[str]], header: Sequence[str] = HEADER) -> str:
+    """The rows under ``header`` as aligned plain text."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = []
-    for r in [HEADER, *rows]:
+    for r in [header, *rows]:
         cols = [r[0].ljust(widths[0])] + [x.rjust(w) for x, w in zip(r[1:], widths[1:])]
         lines.append("  ".join(cols))
     return "\n".join(lines)
 
 
-def render_markdown_table(rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+def render_markdown_table(rows: Sequence[Sequence[str]], header: Sequence[str] = HEADER) -> str:
+    """The rows under ``header`` as a markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -748,7 +817,9 @@ METHOD = (
     "best; a cell where ours fails is left out of the mean). Contenders: PyTorch eager "
     f'(`F.rms_norm`, cuBLAS matmul, softmax), `torch.compile(mode="{COMPILE_MODE}")` of it, '
     "and for attention SDPA with keys stored (B, h, seq, d) as a KV cache keeps them (transposed "
-    "outside the timed region) and its compiled form. Timing is identical for all, ours "
+    "outside the timed region), its compiled form and SDPA with each of its flash, "
+    "memory-efficient and cuDNN backends forced (`n/a` where the backend refuses the shape). "
+    "Timing is identical for all, ours "
     "included: R input sets (together more than 3x the L2 cache, 2 <= R <= 64), one CUDA graph "
     "calling the contender on each set in turn, in whole passes over the sets, C >= 16 calls in "
     "all, replayed and timed with CUDA events; per-call latency = replay time / C, median. "
@@ -779,29 +850,36 @@ def render_markdown(cells: Sequence[dict[str, Any]], meta: dict[str, Any]) -> st
     return "\n".join(parts)
 
 
-def replace_section(text: str, body: str) -> str:
-    """``text`` with the part between the bench markers replaced by ``body`` (markers and a
-    heading appended when missing)."""
-    block = f"{MD_BEGIN}\n{body.rstrip()}\n{MD_END}"
-    i = text.find(MD_BEGIN)
-    j = text.find(MD_END, i + len(MD_BEGIN)) if i >= 0 else -1
+MD_HEADING = "## GPU: superoptimized µGraphs side by side with PyTorch"
+
+
+def replace_section(
+    text: str, body: str, begin: str = MD_BEGIN, end: str = MD_END, heading: str = MD_HEADING
+) -> str:
+    """``text`` with the part between the markers ``begin`` and ``end`` replaced by ``body``
+    (markers and ``heading`` appended when missing)."""
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    i = text.find(begin)
+    j = text.find(end, i + len(begin)) if i >= 0 else -1
     if i >= 0 and j >= 0:
-        return text[:i] + block + text[j + len(MD_END) :]
+        return text[:i] + block + text[j + len(end) :]
     if text and not text.endswith("\n"):
         text += "\n"
     if text and not text.endswith("\n\n"):
         text += "\n"
-    return text + "## GPU: superoptimized µGraphs side by side with PyTorch\n\n" + block + "\n"
+    return text + heading + "\n\n" + block + "\n"
 
 
-def write_markdown(path: str, body: str) -> None:
+def write_markdown(path: str, body: str, **markers: str) -> None:
+    """Replaces the marked section of the file at ``path`` by ``body`` (``markers``: the
+    ``begin``, ``end`` and ``heading`` of :func:`replace_section`)."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
         text = ""
     with open(path, "w", encoding="utf-8") as f:
-        f.write(replace_section(text, body))
+        f.write(replace_section(text, body, **markers))
 
 
 # --------------------------------------------------------------------- main

@@ -51,7 +51,7 @@ impl Ctx<'_> {
     pub(super) fn kernel(&self, name: &str) -> Result<String> {
         let (bg, steps, step_rw) = (self.bg, &self.steps, &self.step_rw);
         let staged = self.staged(steps);
-        let late = self.late_launch(steps);
+        let late = self.late_launch;
         let (mut s, range) = self.head(name, &staged, late)?;
         let prologue = self.prologue(&staged, late)?;
         let mut fm = Frame {
@@ -231,20 +231,10 @@ impl Ctx<'_> {
             bg.forloop_range,
             n_stages
         );
-        // The attention region holds its tiles in registers: beyond one wave, ask for at most
-        // 128 per thread at 256 threads so that two blocks share an SM (latency hiding needs
-        // the warps); a grid of one wave gains nothing from the cap.
-        // (The wgmma form keeps S for a step ahead: two blocks of 128 registers only with two
-        // key slices, which halve it.)
-        let wg = self.flash.as_ref().and_then(|(f, _)| f.wg);
-        let two =
-            self.flash.as_ref().is_some_and(|(f, _)| !f.one_wave) && self.nt == 256 && wg.is_none_or(|(_, ks)| ks == 2);
-        let bounds = if self.ws.is_some() {
-            format!("{}, 1", self.consumers() + WS_PRODUCER_THREADS)
-        } else if two {
-            format!("{}, 2", self.nt)
-        } else {
-            self.nt.to_string()
+        let threads = if self.ws.is_some() { self.consumers() + WS_PRODUCER_THREADS } else { self.nt };
+        let bounds = match self.min_blocks {
+            Some(b) => format!("{threads}, {b}"),
+            None => threads.to_string(),
         };
         let wait = if late.is_some() {
             "mi::dep_wait(); // the next kernel goes after this loop's last copies"
@@ -252,7 +242,7 @@ impl Ctx<'_> {
             "mi::dep_enter();"
         };
         s.push_str(&kernel_open_with(&bounds, name, &params, self.nt, &self.prefetches(steps), wait));
-        let wgmma = wg.is_some() || self.wg_acc.contains(&true);
+        let wgmma = self.flash.as_ref().is_some_and(|(f, _)| f.wg.is_some()) || self.wg_acc.contains(&true);
         wl!(s, "  extern __shared__ __align__({}) unsigned char mi_smem[];", if wgmma { WG_ALIGN } else { 16 });
         wl!(s, "  constexpr int NT = {};", self.nt);
         if self.ws3() {

@@ -224,24 +224,9 @@ impl Ctx<'_> {
             .collect()
     }
 
-    /// A kernel streaming its inputs through a pipelined loop (cp.async stages, no attention
-    /// region) lets the next kernel go only once its last copies are issued: the iteration
-    /// after whose copies it calls `mi::dep_launch` (negative: after the prologue's). The next
-    /// call's blocks then arrive while this one drains and prefetch their first stages into L2
-    /// (`prefetches`) before their wait, while the memory would otherwise idle. None: the
-    /// kernel waits and lets the next go at once (`mi::dep_enter`).
-    pub(super) fn late_launch(&self, steps: &[(Section, Step)]) -> Option<i64> {
-        let late = self.ws.is_none()
-            && self.flash.is_none()
-            && self.bg.forloop_range > 1
-            && self.stages >= 2
-            && !self.staged(steps).is_empty();
-        late.then(|| self.bg.forloop_range as i64 - self.stages as i64)
-    }
-
     /// L2 prefetches of the graph-input tiles the kernel reads first, issued before the
     /// dependent-launch wait: a loop-free kernel's input tiles, or the first stages of a loop's
-    /// staged tiles where the kernel lets the next one go late ([`Ctx::late_launch`]). They
+    /// staged tiles where the kernel lets the next one go late (`KernelPlan::late_launch`). They
     /// bring no data into the block, so the previous kernel may still be writing (the L2 is
     /// coherent); their DRAM latency overlaps that kernel's drain. Measured per call, saved
     /// winners: LoRA b=8 5.05 -> 4.4 us, b=16 5.7 -> 4.9 (H100). A loop whose blocks arrive at
@@ -251,7 +236,7 @@ impl Ctx<'_> {
     /// out too.
     pub(super) fn prefetches(&self, steps: &[(Section, Step)]) -> String {
         let mut s = String::new();
-        if self.late_launch(steps).is_some() {
+        if self.late_launch.is_some() {
             let (first, staged) = ((self.stages - 1).min(self.bg.forloop_range), self.staged(steps));
             for it in 0..first {
                 for &(k, op, _) in &staged {

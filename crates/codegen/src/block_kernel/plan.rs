@@ -160,6 +160,16 @@ pub(crate) struct KernelPlan {
     pub smem_bytes: usize,
     /// Threads the kernel adds to the block graph's (producer and third warpgroup).
     pub extra_threads: usize,
+    /// Blocks an SM must hold at least (the launch bounds' second argument), if any
+    /// ([`min_blocks`]).
+    pub min_blocks: Option<usize>,
+    /// A kernel streaming its inputs through a pipelined loop (cp.async stages, no attention
+    /// region) lets the next kernel go only once its last copies are issued: the iteration
+    /// after whose copies it calls `mi::dep_launch` (negative: after the prologue's). The next
+    /// call's blocks then arrive while this one drains and prefetch their first stages into L2
+    /// (`Ctx::prefetches`) before their wait, while the memory would otherwise idle. None: the
+    /// kernel waits and lets the next go at once (`mi::dep_enter`).
+    pub late_launch: Option<i64>,
 }
 
 /// The form a customized op's kernel takes ([`choose`]).
@@ -541,6 +551,12 @@ impl Planner<'_> {
         let q_norm_op = self.q_norm_op(ws.is_some(), ws3);
         let attention =
             self.fr.as_ref().map(|f| attention_variant(f, nt, stages, ws.is_some(), ws3, halves, q_norm_op));
+        let min_blocks = min_blocks(self.fr.as_ref(), nt, ws.is_some());
+        let staged = self.steps.iter().any(|&(_, st)| {
+            matches!(st, Step::Load { op, .. } if self.layout[bg.ops[op].outputs[0]].is_some_and(|l| l.staged))
+        });
+        let late = ws.is_none() && self.fr.is_none() && bg.forloop_range > 1 && stages >= 2 && staged;
+        let late_launch = late.then(|| bg.forloop_range as i64 - stages as i64);
         let flash = self.fr.map(|f| {
             let off = (combine(&f) > 0).then_some(combine_at);
             (f, off)
@@ -575,6 +591,8 @@ impl Planner<'_> {
             scratch,
             smem_bytes: total,
             extra_threads,
+            min_blocks,
+            late_launch,
         }))
     }
 
@@ -644,6 +662,23 @@ impl Planner<'_> {
         // 20 / 88 bytes against 4 / 20.)
         let room = ws3 || !f.v_norm;
         (room && swizzled && f.d == 64 && f.x.is_none() && self.storage[f.q] == Some(dev.storage)).then_some(op)
+    }
+}
+
+/// Blocks an SM must hold at least, for the launch bounds: one for the warp-specialised loop
+/// (`ws`); two for an attention region beyond one wave at 256 threads, so that each thread
+/// asks for at most 128 registers and two blocks share an SM (latency hiding needs the warps;
+/// a grid of one wave gains nothing from the cap; the wgmma form keeps S for a step ahead, so
+/// only with two key slices, which halve it); else none.
+fn min_blocks(fr: Option<&FlashRegion>, nt: usize, ws: bool) -> Option<usize> {
+    let wg = fr.and_then(|f| f.wg);
+    let two = fr.is_some_and(|f| !f.one_wave) && nt == 256 && wg.is_none_or(|(_, ks)| ks == 2);
+    if ws {
+        Some(1)
+    } else if two {
+        Some(2)
+    } else {
+        None
     }
 }
 

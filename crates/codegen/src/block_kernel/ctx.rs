@@ -3,11 +3,11 @@
 
 use std::ops::Deref;
 
-use mirage_ugraph::{Accum, BlockGraph, BlockOpKind, STensorId};
+use mirage_ugraph::{BlockGraph, BlockOpKind, STensorId};
 
-use super::layout::row_sum_acc_shape;
+use super::layout::vec_rows;
 use super::load::{rows_of, tile_base};
-use super::plan::{KernelPlan, WS3_THREADS};
+use super::plan::{KernelPlan, RowSums, WS3_THREADS};
 use super::Step;
 use crate::emit::{dev_offset, numel, wl};
 use crate::program::{DevBuffer, Storage};
@@ -132,17 +132,9 @@ impl Ctx<'_> {
     }
 
     /// Row pitch and element type of tile `t` when it is a staged 16-bit tile whose rows can be
-    /// read 16 bytes at a time, in order (`mi::row_sums_vec`; not swizzled).
+    /// read 16 bytes at a time, in order (`mi::row_sums_vec`; not swizzled: [`vec_rows`]).
     pub(super) fn vec_rows(&self, t: STensorId) -> Option<(usize, &'static str)> {
-        let l = self.layout[t]?;
-        let st = self.storage[t]?;
-        let ok = self.streamed[t].is_none()
-            && st != Storage::F32
-            && l.swz.is_none()
-            && l.inner == *self.dims(t).last()?
-            && l.inner % 8 == 0
-            && l.ld % 8 == 0;
-        ok.then(|| (l.ld, st.cty()))
+        vec_rows(self.layout[t], self.storage[t], self.streamed[t], self.dims(t)).map(|(ld, st)| (ld, st.cty()))
     }
 
     /// Element offset, inside its device tensor, of element `idx` of tile `t` read straight
@@ -184,24 +176,16 @@ impl Ctx<'_> {
         format!("{}, {m}, {n}, {kk}, {lda}, {ldb}", numel(&da[..r - 2]))
     }
 
-    /// The `mi::RowSumAcc` type for loop accumulator `op` when its row sums (of squares, for
-    /// rms) are kept in registers on the tensor cores: a mean or rms accumulator (finalised
-    /// after the loop) of a 16-bit shared tile whose rows are 16-multiples of whole 16-byte
-    /// vectors, at most four row groups per warp.
+    /// The `mi::RowSumAcc` type of loop accumulator `op` where the plan keeps its row sums in
+    /// registers (`KernelPlan::row_sums`).
     pub(super) fn sum_acc(&self, op: usize) -> Option<String> {
-        let aop = &self.bg.ops[op];
-        let BlockOpKind::ForloopAccum { acc } = aop.kind else { return None };
-        let x = aop.inputs[0];
-        let (rows, len) = row_sum_acc_shape(self.bg, self.nt, op)?;
-        // Row-major rows, or unpadded rows swizzled as `swz<len, 8>`.
-        let (ld, cty, sw) = match (self.vec_rows(x), self.layout[x], self.storage[x]) {
-            (Some((ld, cty)), ..) => (ld, cty, ""),
-            (None, Some(l), Some(st)) if l.swz == Some(8) && l.inner == len && st != Storage::F32 => {
-                (len, st.cty(), if l.blocks && l.inner > 64 { ", true, true" } else { ", true" })
-            }
-            _ => return None,
+        let RowSums { rows, len, ld, storage, swizzled, blocks, rms } = self.row_sums[op]?;
+        let sw = match (swizzled, blocks) {
+            (false, _) => "",
+            (true, false) => ", true",
+            (true, true) => ", true, true",
         };
-        Some(format!("mi::RowSumAcc<NT, {rows}, {len}, {ld}, {cty}, {}{sw}>", acc == Accum::Rms))
+        Some(format!("mi::RowSumAcc<NT, {rows}, {len}, {ld}, {}, {rms}{sw}>", storage.cty()))
     }
 
     /// The shared scratch (byte offset, bytes) of a register accumulator's finish at `step`.

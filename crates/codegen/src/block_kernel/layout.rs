@@ -4,7 +4,7 @@
 
 use mirage_ugraph::{Accum, BlockGraph, BlockOpKind, Phase, STensorId};
 
-use super::plan::Planner;
+use super::plan::{Planner, RowSums};
 use super::{Section, Step};
 use crate::emit::numel;
 use crate::program::Storage;
@@ -106,6 +106,26 @@ pub(super) fn row_sum_acc_shape(bg: &BlockGraph, nt: usize, op: usize) -> Option
     let mt = rows.div_ceil(16);
     let fits = x.phase == Phase::Loop && len.is_multiple_of(16) && mt.div_ceil(mt.min(nt / 32)) <= 4;
     fits.then_some((rows, len))
+}
+
+/// Row pitch and storage of a tile (its `layout`, `storage`, whether `streamed`, its `dims`)
+/// whose rows a thread can read 16 bytes at a time, in order: a 16-bit tile in shared memory,
+/// rows unswizzled, whole and 16-byte aligned.
+pub(super) fn vec_rows(
+    layout: Option<Layout>,
+    storage: Option<Storage>,
+    streamed: Option<usize>,
+    dims: &[usize],
+) -> Option<(usize, Storage)> {
+    let l = layout?;
+    let st = storage?;
+    let ok = streamed.is_none()
+        && st != Storage::F32
+        && l.swz.is_none()
+        && l.inner == *dims.last()?
+        && l.inner % 8 == 0
+        && l.ld % 8 == 0;
+    ok.then_some((l.ld, st))
 }
 
 /// K slices of `mi::RowSumAcc` over `rows` rows of `len` (its `KS`).
@@ -310,5 +330,32 @@ impl Planner<'_> {
             }
         }
         true
+    }
+}
+
+impl Planner<'_> {
+    /// Where loop accumulator `op`'s row sums (of squares, for rms) stay in registers on the
+    /// tensor cores (`mi::RowSumAcc`): a mean or rms accumulator (finalised after the loop) of
+    /// a 16-bit shared tile whose rows are 16-multiples of whole 16-byte vectors, at most four
+    /// row groups per warp; read row-major ([`vec_rows`]) or unpadded rows swizzled as
+    /// `swz<len, 8>`.
+    pub(super) fn row_sums(&self, op: usize) -> Option<RowSums> {
+        let aop = &self.bg.ops[op];
+        let BlockOpKind::ForloopAccum { acc } = aop.kind else { return None };
+        let x = aop.inputs[0];
+        let (rows, len) = row_sum_acc_shape(self.bg, self.nt, op)?;
+        let dims = &self.bg.tensors[x].dims;
+        let (ld, storage, swizzled, blocks) = match (
+            vec_rows(self.layout[x], self.storage[x], self.streamed[x], dims),
+            self.layout[x],
+            self.storage[x],
+        ) {
+            (Some((ld, st)), ..) => (ld, st, false, false),
+            (None, Some(l), Some(st)) if l.swz == Some(8) && l.inner == len && st != Storage::F32 => {
+                (len, st, true, l.blocks && l.inner > 64)
+            }
+            _ => return None,
+        };
+        Some(RowSums { rows, len, ld, storage, swizzled, blocks, rms: acc == Accum::Rms })
     }
 }

@@ -96,6 +96,24 @@ pub(crate) struct AttentionVariant {
     pub halves: bool,
 }
 
+/// A mean or rms accumulator whose row sums stay in registers (`mi::RowSumAcc`;
+/// [`Planner::row_sums`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RowSums {
+    /// Rows and row length of the summed loop tile.
+    pub rows: usize,
+    pub len: usize,
+    /// Row pitch of the tile in shared memory.
+    pub ld: usize,
+    /// The tile's storage (16-bit).
+    pub storage: Storage,
+    /// The rows are swizzled (`swz<len, 8>`), and in column blocks (`swzb`).
+    pub swizzled: bool,
+    pub blocks: bool,
+    /// Sums of squares (rms) rather than of values (mean).
+    pub rms: bool,
+}
+
 /// Every decision of one shared-memory block kernel: its steps, tiles, layouts, shared memory,
 /// pipeline, cluster merge and attention variant. Emission reads it and decides nothing.
 #[derive(Debug, Clone)]
@@ -146,6 +164,8 @@ pub(crate) struct KernelPlan {
     /// Per op: the shared scratch (byte offset, bytes) of the `finish` of its register
     /// accumulator (`mi::MmaAcc` of a loop matmul's accumulator, `mi::RowSumAcc`).
     pub acc_scratch: Vec<Option<(usize, usize)>>,
+    /// Per op: a mean or rms accumulator whose row sums stay in registers.
+    pub row_sums: Vec<Option<RowSums>>,
     /// Warp-specialised loop (`FlashWG::run_ws`): the byte offset of its stage mbarriers.
     pub ws: Option<usize>,
     /// The rms norm op whose output Q the warp-specialised softmax normalises (QN).
@@ -552,6 +572,7 @@ impl Planner<'_> {
         let attention =
             self.fr.as_ref().map(|f| attention_variant(f, nt, stages, ws.is_some(), ws3, halves, q_norm_op));
         let min_blocks = min_blocks(self.fr.as_ref(), nt, ws.is_some());
+        let row_sums: Vec<Option<RowSums>> = (0..n_ops).map(|op| self.row_sums(op)).collect();
         let staged = self.steps.iter().any(|&(_, st)| {
             matches!(st, Step::Load { op, .. } if self.layout[bg.ops[op].outputs[0]].is_some_and(|l| l.staged))
         });
@@ -584,6 +605,7 @@ impl Planner<'_> {
             evict_first: self.knobs.evict_first,
             wg_acc: self.wg_acc,
             acc_scratch: acc_scratch_at,
+            row_sums,
             ws,
             q_norm_op,
             buffers: mem.buffers,

@@ -178,8 +178,13 @@ fn attention_winners_take_their_forms_on_sm_90() {
         assert_eq!((p.stages, p.cluster_dims, p.extra_threads), (stages, cluster, extra), "{name}");
         // The wgmma step reads K a step ahead exactly where three stages or more allow it.
         assert_eq!(a.lookahead, form == Wgmma && stages >= 3, "{name}");
-        // The warp-specialised loop and its mbarriers go together.
+        // The warp-specialised loop and its mbarriers go together, one block an SM.
         assert_eq!(p.ws.is_some(), form == Ws, "{name}");
+        if form == Ws {
+            assert_eq!(p.min_blocks, Some(1), "{name}");
+        }
+        // An attention kernel lets the next kernel go at once.
+        assert_eq!(p.late_launch, None, "{name}");
         assert!(p.smem_bytes <= mirage_ugraph::Target::for_arch(90).smem_per_block_optin, "{name}");
         // QK-norm: the consumers scale P by V's factors and the softmax applies Q's norm.
         let qk = name.starts_with("qknorm");
@@ -237,6 +242,11 @@ fn mlp_winners_split_their_loop_across_a_cluster_only_on_sm_90() {
         // A summing split merges its accumulators in one step after the loop.
         let merges = p.steps.iter().filter(|(_, st)| matches!(st, super::Step::ClusterMerge)).count();
         assert_eq!(merges, usize::from(cluster != [1, 1, 1]), "{name}");
+        // A pipelined loop lets the next kernel go after its last copies.
+        assert_eq!(p.late_launch.is_some(), stages >= 2, "{name}");
+        // RMSNorm+Linear sums X's squares in registers on the tensor cores (`mi::RowSumAcc`).
+        let rms_in_registers = p.row_sums.iter().flatten().any(|r| r.rms);
+        assert_eq!(rms_in_registers, name.starts_with("rmsnorm_linear"), "{name}: {:?}", p.row_sums);
         let p80 = winner_plan(name, &Options::for_arch(80));
         assert_eq!(p80.cluster_dims, [1, 1, 1], "{name}");
     }

@@ -21,10 +21,13 @@ fn waits(inflight: &mut Vec<(usize, Vec<(usize, usize)>)>, ind: &str) -> String 
     inflight.drain(..).map(|(acc, _)| format!("{ind}mm{acc}.wait();\n")).collect()
 }
 
+/// Byte range of each tile in shared memory (None: not there).
+type TileRanges = Vec<Option<(usize, usize)>>;
+
 /// What the kernel's step loop tracks between steps.
 struct Frame {
     /// Byte range of each materialised tile (staged tiles: all stages).
-    range: Vec<Option<(usize, usize)>>,
+    range: TileRanges,
     /// Barriers only where a step reads bytes written, or writes bytes touched, since the
     /// last barrier (buffers share memory across lifetimes, so this is by byte range).
     dirty_w: Vec<(usize, usize)>,
@@ -212,13 +215,12 @@ impl Ctx<'_> {
 
     /// The kernel's signature, shared-memory pointers and tile declarations, and the
     /// warp-specialised producer; with the byte range of each tile.
-    #[allow(clippy::type_complexity)]
     fn head(
         &self,
         name: &str,
         staged: &[(usize, usize, STensorId)],
         late: Option<i64>,
-    ) -> Result<(String, Vec<Option<(usize, usize)>>)> {
+    ) -> Result<(String, TileRanges)> {
         let (bg, steps, buffers, buf_of, smem) = (self.bg, &self.steps, &self.buffers, &self.buf_of, self.smem_bytes);
         let mut s = String::new();
         let params = kernel_params(self.ins, self.outs);

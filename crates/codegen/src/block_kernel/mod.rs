@@ -48,13 +48,18 @@ const SWZ_ALIGN: usize = 128;
 /// repeats every 1024 bytes and is taken from address bits).
 const WG_ALIGN: usize = 1024;
 
+/// Where a step runs: before the loop (once), in it (every iteration), or after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Section {
+    /// Before the loop.
     Pre,
+    /// In the loop.
     Loop,
+    /// After the loop.
     Post,
 }
 
+/// One unit of a block kernel's schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
     /// Load block input `k` (op `op`) into its tile.

@@ -54,7 +54,7 @@ pub struct Options {
 }
 
 /// Consumer warpgroups of the interleaved warp-specialised attention loop (64 query rows a
-/// block, key stages taken in turn; see `block_kernel::ws_three`).
+/// block, key stages taken in turn; see `block_kernel::plan::ws_three`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WsWarpgroups {
     /// Three (64-key stages) where the region normalises V, else two (128-key stages): on the

@@ -569,7 +569,7 @@ fn emit_with(
         let c = uses[t][0];
         let cop = &bg.ops[c];
         let ok = match cop.kind {
-            BlockOpKind::ForloopAccum { acc: Accum::None } => cop.inputs[0] == t,
+            BlockOpKind::ForloopAccum { acc: Accum::None, .. } => cop.inputs[0] == t,
             BlockOpKind::ForloopAccumRescale { acc: Accum::None } => cop.inputs[0] == t && cop.inputs[1] != t,
             _ => false,
         };
@@ -590,7 +590,7 @@ fn emit_with(
         let (da, db) = (&bg.tensors[a].dims, &bg.tensors[b].dims);
         let r = da.len();
         let (sa, sb) = (loaded(a), loaded(b));
-        matches!(bg.ops[c].kind, BlockOpKind::ForloopAccum { acc: Accum::None })
+        matches!(bg.ops[c].kind, BlockOpKind::ForloopAccum { acc: Accum::None, .. })
             && matches!(sa, Some(Storage::F16 | Storage::BF16))
             && sa == sb
             && r >= 2
@@ -642,7 +642,7 @@ fn emit_with(
                 }
             }
             BlockOpKind::Reduction { .. } => steps.push((phase_sec(op.outputs[0]), Step::Reduce { op: j })),
-            BlockOpKind::RmsNorm => steps.push((phase_sec(op.outputs[0]), Step::RmsNorm { op: j })),
+            BlockOpKind::RmsNorm { .. } => steps.push((phase_sec(op.outputs[0]), Step::RmsNorm { op: j })),
             BlockOpKind::Concat { .. } => steps.push((phase_sec(op.outputs[0]), Step::Concat { op: j })),
             BlockOpKind::ReductionMax { .. } => {
                 let sec = if bg.tensors[op.inputs[0]].phase == Phase::Post { Section::Post } else { Section::Loop };
@@ -659,7 +659,7 @@ fn emit_with(
                     Some(m) => steps.push((Section::Loop, Step::Matmul { op: m, acc: Some(j) })),
                     None => steps.push((Section::Loop, Step::Accum { op: j })),
                 }
-                if matches!(op.kind, BlockOpKind::ForloopAccum { acc: Accum::Mean | Accum::Rms }) {
+                if matches!(op.kind, BlockOpKind::ForloopAccum { acc: Accum::Mean | Accum::Rms, .. }) {
                     steps.push((Section::Post, Step::Finalize { op: j }));
                 }
             }
@@ -1299,7 +1299,7 @@ fn emit_with(
 
 /// Whether an accumulator is finalised after the loop (a mean or an rms: `Step::Finalize`).
 fn finalized(k: &BlockOpKind) -> bool {
-    matches!(k, BlockOpKind::ForloopAccum { acc: Accum::Mean | Accum::Rms })
+    matches!(k, BlockOpKind::ForloopAccum { acc: Accum::Mean | Accum::Rms, .. })
 }
 
 /// The loop matmul whose product accumulator op `acc` sums.
@@ -1413,7 +1413,7 @@ fn swizzled_mm_operand(bg: &BlockGraph, op: usize, t: STensorId, in_loop: bool) 
 /// can keep its sums in registers (the shape rule; the tile's storage is the caller's): a
 /// mean or rms accumulator of a loop tile, 16-column steps, at most four row groups per warp.
 fn row_sum_acc_shape(bg: &BlockGraph, nt: usize, op: usize) -> Option<(usize, usize)> {
-    let BlockOpKind::ForloopAccum { acc: Accum::Rms | Accum::Mean } = bg.ops[op].kind else { return None };
+    let BlockOpKind::ForloopAccum { acc: Accum::Rms | Accum::Mean, .. } = bg.ops[op].kind else { return None };
     let x = &bg.tensors[bg.ops[op].inputs[0]];
     let len = *x.dims.last()?;
     let rows = numel(&x.dims[..x.dims.len() - 1]);
@@ -1789,7 +1789,7 @@ impl Ctx<'_> {
     fn q_norm_in_softmax(&self) -> Option<usize> {
         let (f, _) = self.flash.as_ref()?;
         self.ws?;
-        let op = self.bg.ops.iter().position(|o| o.kind == BlockOpKind::RmsNorm && o.outputs[0] == f.q)?;
+        let op = self.bg.ops.iter().position(|o| o.kind == BlockOpKind::RmsNorm { eps: 0.0 } && o.outputs[0] == f.q)?;
         let (k, _, _) = self.device_rows(self.bg.ops[op].inputs[0])?;
         let swizzled = self.layout[f.q].is_some_and(|l| l.swz == Some(8) && l.ld == 64 && l.inner == 64 && !l.blocks);
         // (Not in the two-warpgroup form with V's factors too: its 240 registers then spilled
@@ -1816,7 +1816,7 @@ impl Ctx<'_> {
     /// vectors, at most four row groups per warp.
     fn sum_acc(&self, op: usize) -> Option<String> {
         let aop = &self.bg.ops[op];
-        let BlockOpKind::ForloopAccum { acc } = aop.kind else { return None };
+        let BlockOpKind::ForloopAccum { acc, .. } = aop.kind else { return None };
         let x = aop.inputs[0];
         let (rows, len) = row_sum_acc_shape(self.bg, self.nt, op)?;
         // Row-major rows, or unpadded rows swizzled as `swz<len, 8>`.
@@ -2545,7 +2545,9 @@ impl Ctx<'_> {
         let dx = self.dims(aop.inputs[0]);
         let n = dx[dx.len() - 1] * self.bg.forloop_range * self.cluster;
         match aop.kind {
-            BlockOpKind::ForloopAccum { acc: Accum::Rms } => format!("sqrtf({sum} / {})", flit(n as f32)),
+            BlockOpKind::ForloopAccum { acc: Accum::Rms, eps } => {
+                format!("sqrtf({sum} / {}{})", flit(n as f32), crate::default_kernels::plus_eps(eps))
+            }
             _ => format!("{sum} / {}", flit(n as f32)),
         }
     }
@@ -3036,6 +3038,23 @@ impl Ctx<'_> {
                 let (x, o) = (bg.ops[op].inputs[0], bg.ops[op].outputs[0]);
                 let d = self.dims(x);
                 let len = d[d.len() - 1];
+                // With an epsilon: the rows as `mi::rms_norm_rows` shares them, eps added to the
+                // mean of squares (the specialised forms below have none).
+                if let BlockOpKind::RmsNorm { eps } = bg.ops[op].kind {
+                    if eps != 0.0 {
+                        wl!(
+                            s,
+                            "mi::share_reduce<{nt}, {}, {len}, 1>(0.0f, [&](int i) {{ const float x = {}; return x * x; }}, [](float a, float b) {{ return a + b; }}, [&](int r, float ss, int first, int step) {{ const float inv = 1.0f / sqrtf(ss / {} + {}); for (int l = first; l < {len}; l += step) {{ const int i = r * {len} + l; {} = {}; }} }});",
+                            numel(d) / len,
+                            self.read(x, "i"),
+                            flit(len as f32),
+                            flit(eps),
+                            self.at(o, "i"),
+                            self.conv(o, &format!("({}) * inv", self.read(x, "i")))
+                        );
+                        return Ok(s);
+                    }
+                }
                 // The attention's Q, normalised by its softmax: the rows as they are.
                 if self.q_norm_in_softmax() == Some(op) {
                     if let Some((k, row, _)) = self.device_rows(x) {
@@ -3154,7 +3173,7 @@ impl Ctx<'_> {
                     }
                 };
                 let acc = match aop.kind {
-                    BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => acc,
+                    BlockOpKind::ForloopAccum { acc, .. } | BlockOpKind::ForloopAccumRescale { acc } => acc,
                     _ => Accum::None,
                 };
                 let last = dx.len() - 1;

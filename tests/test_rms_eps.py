@@ -52,7 +52,9 @@ def test_block_norm_and_rms_accumulator_take_eps(rng):
     g = mi.new_kernel_graph()
     X = g.new_input(dims=(m, k), dtype=mi.float32)
     W = g.new_input(dims=(k, n), dtype=mi.float32)
-    tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     tx = tb.new_input(X, input_map=(-1, -1, -1), forloop_dim=1)
     tw = tb.new_input(W, input_map=(1, -1, -1), forloop_dim=0)
     acc = tb.forloop_accum(tb.matmul(tx, tw))
@@ -72,7 +74,9 @@ def test_block_norm_and_rms_accumulator_take_eps(rng):
     RW = ref2.new_input(dims=(k, n), dtype=mi.float32)
     ref2.mark_output(ref2.matmul(ref2.rms_norm(RX, (k,), eps=eps / 2), RW))
     assert not mi.verify(ref2, g).equivalent
-    tb2 = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64)
+    tb2 = mi.new_threadblock_graph(
+        grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=4, reduction_dimx=64
+    )
     t = tb2.new_input(X, input_map=(-1, -1, -1), forloop_dim=1)
     with pytest.raises(ValueError, match="tb.forloop_accum.*rms"):
         tb2.forloop_accum(t, "sum", eps=1e-5)

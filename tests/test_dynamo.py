@@ -71,6 +71,28 @@ class SwiGLU(nn.Module):
         return F.silu(self.gate(x)) * self.up(x)
 
 
+class Block(nn.Module):
+    """A small LLaMA-like block: RMSNorm + QKV projection, attention, RMSNorm + SwiGLU MLP."""
+
+    def __init__(self, d: int = 256, h: int = 4, f: int = 512) -> None:
+        super().__init__()
+        self.h = h
+        self.n1 = LlamaRMSNorm(d, 1e-5)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.n2 = nn.RMSNorm(d, eps=1e-6)
+        self.mlp = SwiGLU(d, f)
+        self.down = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.n1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.h, d // self.h).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, d)
+        x = x + self.o(a)
+        return x + self.down(self.mlp(self.n2(x)))
+
+
 def assert_matches(out, ref, rtol=1e-4, atol=1e-5):
     outs = out if isinstance(out, (tuple, list)) else (out,)
     refs = ref if isinstance(ref, (tuple, list)) else (ref,)
@@ -302,29 +324,24 @@ def test_backend_is_found_by_name_without_importing_mirage():
     assert r.stdout.strip().splitlines()[-1] == "1"
 
 
+def test_llama_like_block_with_dynamic_shapes(opts):
+    """Views of computed values split the block into three regions (norm + QKV, attention,
+    output projection + norm + MLP); the head split's views stay torch code."""
+    torch.manual_seed(0)
+    m = Block(d=64, h=4, f=128).eval()
+    f = torch.compile(m, backend="mirage", options=dict(opts, search=False), dynamic=True)
+    with torch.no_grad():
+        for b, s in ((2, 8), (3, 5)):
+            x = small(b, s, 64, seed=b + s)
+            assert_matches(f(x), m(x))
+    st = mi.dynamo_stats()
+    assert st["compiles"] == 1 and st["regions"] == 3 and st["regions_lowered"] == 3, st
+
+
 @pytest.mark.gpu
 def test_llama_block_fp16_on_the_gpu(tmp_path):
     """A small LLaMA-like block (RMSNorm + QKV projection, attention, RMSNorm + SwiGLU MLP)
     at float16 on CUDA: the searched regions run as generated kernels and match eager."""
-
-    class Block(nn.Module):
-        def __init__(self, d: int = 256, h: int = 4, f: int = 512) -> None:
-            super().__init__()
-            self.h = h
-            self.n1 = LlamaRMSNorm(d, 1e-5)
-            self.qkv = nn.Linear(d, 3 * d, bias=False)
-            self.o = nn.Linear(d, d, bias=False)
-            self.n2 = nn.RMSNorm(d, eps=1e-6)
-            self.mlp = SwiGLU(d, f)
-            self.down = nn.Linear(f, d, bias=False)
-
-        def forward(self, x):
-            b, s, d = x.shape
-            q, k, v = self.qkv(self.n1(x)).split(d, dim=-1)
-            q, k, v = (t.view(b, s, self.h, d // self.h).transpose(1, 2) for t in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, d)
-            x = x + self.o(a)
-            return x + self.down(self.mlp(self.n2(x)))
 
     torch.manual_seed(0)
     m = Block().half().cuda().eval()

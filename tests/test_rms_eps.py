@@ -115,7 +115,7 @@ def test_search_fuses_rmsnorm_linear_with_its_eps(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [mi.float16, mi.float32])
-def test_generated_kernels_add_eps(dtype):
+def test_generated_kernels_add_eps(dtype, tmp_path):
     tdt = torch.float16 if dtype == mi.float16 else torch.float32
     gen = torch.Generator().manual_seed(2)
     x = (torch.randn(8, 512, generator=gen) * 0.05).to(tdt).cuda()
@@ -128,8 +128,34 @@ def test_generated_kernels_add_eps(dtype):
     X = g.new_input(dims=(8, 512), dtype=dtype)
     W = g.new_input(dims=(512, 256), dtype=dtype)
     g.mark_output(g.matmul(g.rms_norm(X, (512,), eps=eps), W))
-    best = g.superoptimize()
+    best = g.superoptimize(cache_dir=tmp_path)
     wm = (torch.randn(512, 256, generator=gen) / 16).to(tdt).cuda()
     (o,) = best(inputs=[x, wm])
     ref = torch.nn.functional.rms_norm(x.float(), (512,), eps=eps) @ wm.float()
     assert_close(o.float(), ref, 5e-3 if tdt == torch.float16 else 1e-4)
+
+
+@pytest.mark.gpu
+def test_qknorm_attention_with_eps_on_the_gpu(tmp_path):
+    """QK-norm attention with an eps: whatever form the search picks (the specialised Q / V
+    norms apply to eps = 0 only) computes the reference on the GPU."""
+    b, s, d = 8, 256, 64
+    eps = 1e-2
+    g = mi.new_kernel_graph()
+    Q = g.new_input(dims=(b, 64, d), dtype=mi.float16)
+    K = g.new_input(dims=(b, d, s), dtype=mi.float16)
+    V = g.new_input(dims=(b, s, d), dtype=mi.float16)
+    qn = g.rms_norm(Q, (d,), eps=eps)
+    vn = g.rms_norm(V, (d,), eps=eps)
+    g.mark_output(g.matmul(g.softmax(g.matmul(qn, K), -1), vn))
+    best = g.superoptimize(config="attention", cache_dir=tmp_path)
+    gen = torch.Generator().manual_seed(3)
+    q = (torch.randn(b, 64, d, generator=gen) * 0.05).half().cuda()
+    k = (torch.randn(b, d, s, generator=gen) * 0.2).half().cuda()
+    v = (torch.randn(b, s, d, generator=gen) * 0.05).half().cuda()
+    (out,) = best(inputs=[q, k, v])
+    f = torch.nn.functional
+    qn_ref = f.rms_norm(q.float(), (d,), eps=eps)
+    vn_ref = f.rms_norm(v.float(), (d,), eps=eps)
+    ref = torch.softmax(qn_ref @ k.float(), -1) @ vn_ref
+    assert_close(out.float(), ref, 2e-2)

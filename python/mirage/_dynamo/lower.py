@@ -90,11 +90,17 @@ def is_supported_node(node: fx.Node) -> bool:
     if node.op not in ("call_function", "call_method"):
         return False
     val = node.meta.get("example_value")
-    if isinstance(val, torch.Tensor) and val.dtype not in _FLOAT_DTYPES:
-        return False
-    if isinstance(val, (list, tuple)):
-        return False
     t = node.target
+    if node.op == "call_method" and t == "item":
+        src = node.args[0] if node.args else None
+        return (
+            isinstance(src, fx.Node)
+            and src.op == "placeholder"
+            and isinstance(val, (float, torch.SymFloat))
+        )
+    # Size arithmetic (ints), lists and non-floating tensors stay outside.
+    if not isinstance(val, torch.Tensor) or val.dtype not in _FLOAT_DTYPES:
+        return False
     if node.op == "call_method":
         if t in _CAST_METHODS:
             return all(_cast_arg_ok(a) for a in node.args[1:])
@@ -102,8 +108,6 @@ def is_supported_node(node: fx.Node) -> bool:
             return True
         if t in _VIEW_METHODS:
             return _reads_input(node)
-        if t == "item":
-            return isinstance(node.args[0], fx.Node) and node.args[0].op == "placeholder"
         return (
             t in _UNARY_METHODS
             or t in _BINARY_METHODS
@@ -125,7 +129,10 @@ def is_supported_node(node: fx.Node) -> bool:
 
 
 def _reads_input(node: fx.Node) -> bool:
-    """Whether a view's source, through views and casts, is not computed in a region."""
+    """Whether a view has constant arguments and its source, through views and casts, is not
+    computed in a region (symbolic sizes would make the region take size inputs)."""
+    if any(isinstance(a, fx.Node) for a in (*node.args[1:], *node.kwargs.values())):
+        return False
     src = node.args[0] if node.args else None
     while (
         isinstance(src, fx.Node)

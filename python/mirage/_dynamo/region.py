@@ -82,7 +82,13 @@ class Region:
         self.options = options
         #: Region inputs that are activations (flattened to rows); bucketing pads their rows.
         self.acts = sorted({r.index for r in trial.recipes if r.flatten and r.const is None})
-        plain = all(not r.views for r in trial.recipes if r.flatten and r.const is None)
+        # Bucketing re-lowers with the activations' rows changed: each must be a plain input
+        # read only as rows (not also as a weight or through views).
+        plain = all(
+            not r.views and (r.flatten or r.index not in self.acts)
+            for r in trial.recipes
+            if r.const is None and (r.flatten or r.index in self.acts)
+        )
         self.bucket = bool(options.bucket and dynamic and flatten and plain and self.acts)
         self.entries: dict[tuple[Any, ...], _Entry] = {}
         with _LOCK:

@@ -16,7 +16,10 @@ run unchanged where its names have a meaning here (docs/reference-compat.md).
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 from typing import Any
 
 from . import _core, visualizer
@@ -44,6 +47,7 @@ __all__ = [
     "convert_dtype_to_torch_type",
     "convert_torch_type_to_dtype",
     "explain",
+    "dynamo_stats",
     "float16",
     "float32",
     "from_json",
@@ -100,3 +104,69 @@ def set_gpu_device_id(device_id: int) -> None:
 def get_gpu_device_id() -> int:
     """The CUDA device id set by :func:`set_gpu_device_id` (0 by default)."""
     return _gpu_device_id
+
+
+def dynamo_stats() -> dict[str, int]:
+    """Counters of the ``torch.compile(..., backend="mirage")`` backend (regions found and
+    lowered, searches run, cache hits; docs/dynamo.md). Imports torch."""
+    from ._dynamo import dynamo_stats as stats
+
+    return stats()
+
+
+def _mirage_dynamo_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+    """The ``"mirage"`` torch.compile backend (imports ``mirage._dynamo`` on first use)."""
+    from ._dynamo import mirage_backend
+
+    return mirage_backend(gm, example_inputs, **kwargs)
+
+
+def _register_with(registry: Any) -> None:
+    """Registers the backend under ``"mirage"`` unless it already is, or torch found the
+    installed entry point (torch then registers it itself, and a second name is an error)."""
+    if "mirage" in getattr(registry, "_COMPILER_FNS", {"mirage": None}):
+        return
+    if getattr(registry, "_BACKENDS", {}).get("mirage") is not None:
+        return
+    registry.register_backend(compiler_fn=_mirage_dynamo_backend, name="mirage")
+
+
+class _DynamoRegistryHook(importlib.abc.MetaPathFinder):
+    """Registers the backend right after ``torch._dynamo.backends.registry`` is imported, for
+    an uninstalled checkout whose entry point torch cannot see (importing mirage imports
+    neither torch nor dynamo)."""
+
+    _NAME = "torch._dynamo.backends.registry"
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self._NAME:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            try:
+                _register_with(module)
+            except Exception as e:  # noqa: BLE001 - registration must never break importing torch
+                import logging
+
+                logging.getLogger("mirage.dynamo").warning("backend not registered: %s", e)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _install_dynamo_hook() -> None:
+    registry = sys.modules.get(_DynamoRegistryHook._NAME)
+    if registry is not None:
+        _register_with(registry)
+    elif not any(isinstance(f, _DynamoRegistryHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DynamoRegistryHook())
+
+
+_install_dynamo_hook()

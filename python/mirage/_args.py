@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -65,6 +66,16 @@ def as_float(op: str, name: str, value: Any) -> float:
         raise ValueError(f"{op}: {name} {short_repr(value)} is out of the float range") from None
     except (TypeError, ValueError):
         raise TypeError(f"{op}: {name} must be a number, got {short_repr(value)}") from None
+
+
+def as_eps(op: str, value: Any) -> float:
+    """An RMS epsilon: a finite number ``>= 0`` (``ValueError`` names the op otherwise)."""
+    eps = as_float(op, "eps", value)
+    if not math.isfinite(eps) or eps < 0.0:
+        raise ValueError(f"{op}: eps {short_repr(value)} must be a finite number >= 0")
+    if eps > 3.4e38:
+        raise ValueError(f"{op}: eps {short_repr(value)} does not fit a float32")
+    return eps
 
 
 def _as_seq(op: str, name: str, value: Any) -> Sequence[Any]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union, overload
 
 from . import _compat, _core, _cuda
-from ._args import MAX_NUMEL, as_dims, as_float, as_int
+from ._args import MAX_NUMEL, as_dims, as_eps, as_float, as_int
 from ._dtypes import DType, as_dtype, float16
 from ._ops import install_unary_methods
 from ._runtime import InputSpec, as_input_list, build_outputs, prepare_inputs
@@ -158,12 +158,15 @@ class KNGraph:
         A: DTensor,
         normalized_shape: Sequence[int],
         weight: DTensor | None = None,
+        eps: float = 0.0,
     ) -> DTensor:
-        """``A / sqrt(mean(A^2))`` over the trailing ``normalized_shape`` dims, times ``weight``."""
+        """``A / sqrt(mean(A^2) + eps)`` over the trailing ``normalized_shape`` dims, times
+        ``weight`` (``eps``: finite, ``>= 0``)."""
         op = "rms_norm"
         shape = as_dims(op, "normalized_shape", normalized_shape, allow_int=True)
         w = None if weight is None else self._tid(op, weight, "weight")
-        return self._wrap(self._core.rms_norm(self._tid(op, A), list(shape), w))
+        e = as_eps(op, eps)
+        return self._wrap(self._core.rms_norm(self._tid(op, A), list(shape), w, e))
 
     def softmax(self, A: DTensor, dim: int = -1) -> DTensor:
         """Softmax over ``dim``."""

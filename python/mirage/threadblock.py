@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _core
-from ._args import MAX_EXTENT, as_dim3, as_float, as_int, as_map3
+from ._args import MAX_EXTENT, as_dim3, as_eps, as_float, as_int, as_map3
 from ._ops import install_unary_methods
 from .tensor import DTensor, STensor
 
@@ -137,9 +137,10 @@ class TBGraph:
         m, d = self._core.reduction_max(self._sid(op, A), as_int(op, "dim", dim))
         return self._wrap(m), self._wrap(d)
 
-    def rms_norm(self, A: STensor) -> STensor:
-        """``A / sqrt(mean(A^2))`` over the last dim."""
-        return self._wrap(self._core.rms_norm(self._sid("tb.rms_norm", A)))
+    def rms_norm(self, A: STensor, eps: float = 0.0) -> STensor:
+        """``A / sqrt(mean(A^2) + eps)`` over the last dim."""
+        op = "tb.rms_norm"
+        return self._wrap(self._core.rms_norm(self._sid(op, A), as_eps(op, eps)))
 
     def concat(self, A: STensor, B: STensor, dim: int) -> STensor:
         """Concatenation along ``dim``."""
@@ -148,12 +149,14 @@ class TBGraph:
             self._core.concat(self._sid(op, A), self._sid(op, B, "B"), as_int(op, "dim", dim))
         )
 
-    def forloop_accum(self, A: STensor, acc: str | None = None) -> STensor:
+    def forloop_accum(self, A: STensor, acc: str | None = None, eps: float = 0.0) -> STensor:
         """Closes the for-loop: ``None`` sums tiles element-wise over iterations; ``"sum"`` also
         sums the last dim to 1; ``"mean"`` / ``"rms"`` divide by the element count (rms: of
-        squares, then the root); ``"sum_todimx"`` folds the last dim to ``reduction_dimx``."""
+        squares, plus ``eps``, then the root); ``"sum_todimx"`` folds the last dim to
+        ``reduction_dimx``. ``eps`` is allowed with ``"rms"`` only."""
         op = "tb.forloop_accum"
-        return self._wrap(self._core.forloop_accum(self._sid(op, A), _acc(op, acc)))
+        e = as_eps(op, eps)
+        return self._wrap(self._core.forloop_accum(self._sid(op, A), _acc(op, acc), e))
 
     def forloop_accum_rescale(self, A: STensor, B: STensor, acc: str | None = None) -> STensor:
         """Rescaling accumulator ``acc = acc * B + A`` (``acc`` is None or ``"sum"``)."""

@@ -62,18 +62,21 @@ impl BlockGraph {
         self.inner.reduction_max(a, dim).py_err()
     }
 
-    fn rms_norm(&mut self, a: STensorId) -> PyResult<STensorId> {
-        self.inner.rms_norm(a).py_err()
+    #[pyo3(signature = (a, eps=0.0))]
+    fn rms_norm(&mut self, a: STensorId, eps: f64) -> PyResult<STensorId> {
+        let eps = crate::convert::parse_eps("tb.rms_norm", eps)?;
+        self.inner.rms_norm_eps(a, eps).py_err()
     }
 
     fn concat(&mut self, a: STensorId, b: STensorId, dim: i64) -> PyResult<STensorId> {
         self.inner.concat(a, b, dim).py_err()
     }
 
-    #[pyo3(signature = (a, acc=None))]
-    fn forloop_accum(&mut self, a: STensorId, acc: Option<&str>) -> PyResult<STensorId> {
+    #[pyo3(signature = (a, acc=None, eps=0.0))]
+    fn forloop_accum(&mut self, a: STensorId, acc: Option<&str>, eps: f64) -> PyResult<STensorId> {
         let acc = parse_accum("tb.forloop_accum", acc)?;
-        self.inner.forloop_accum(a, acc).py_err()
+        let eps = crate::convert::parse_eps("tb.forloop_accum", eps)?;
+        self.inner.forloop_accum_eps(a, acc, eps).py_err()
     }
 
     #[pyo3(signature = (a, scale, acc=None))]

@@ -86,3 +86,11 @@ pub fn parse_accum(op: &str, acc: Option<&str>) -> pyo3::PyResult<Accum> {
         ))
     })
 }
+
+/// Parses an RMS epsilon: a finite number `>= 0` that fits an `f32`.
+pub fn parse_eps(op: &str, eps: f64) -> pyo3::PyResult<f32> {
+    if !eps.is_finite() || eps < 0.0 || eps > f32::MAX as f64 {
+        return Err(PyValueError::new_err(format!("{op}: eps {eps} must be a finite float32 number >= 0")));
+    }
+    Ok(eps as f32)
+}

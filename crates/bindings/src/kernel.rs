@@ -57,9 +57,16 @@ impl KernelGraph {
         self.inner.reduction(a, dim).py_err()
     }
 
-    #[pyo3(signature = (a, normalized_shape, weight=None))]
-    fn rms_norm(&mut self, a: TensorId, normalized_shape: Vec<usize>, weight: Option<TensorId>) -> PyResult<TensorId> {
-        self.inner.rms_norm(a, &normalized_shape, weight).py_err()
+    #[pyo3(signature = (a, normalized_shape, weight=None, eps=0.0))]
+    fn rms_norm(
+        &mut self,
+        a: TensorId,
+        normalized_shape: Vec<usize>,
+        weight: Option<TensorId>,
+        eps: f64,
+    ) -> PyResult<TensorId> {
+        let eps = crate::convert::parse_eps("rms_norm", eps)?;
+        self.inner.rms_norm_eps(a, &normalized_shape, weight, eps).py_err()
     }
 
     fn softmax(&mut self, a: TensorId, dim: i64) -> PyResult<TensorId> {

@@ -114,10 +114,11 @@ pub(crate) fn reduction(name: &str, dim: usize, x: &DevBuffer, out: &DevBuffer) 
     Ok(Emitted { source: s, grid: [grid1(nout, warps), 1, 1], block: [NT as u32, 1, 1], smem_bytes: 0 })
 }
 
-/// `x / sqrt(mean(x^2))` over the trailing `nd` dims, times `w` if given: a block per row.
+/// `x / sqrt(mean(x^2) + eps)` over the trailing `nd` dims, times `w` if given: a block per row.
 pub(crate) fn rms_norm(
     name: &str,
     nd: usize,
+    eps: f32,
     x: &DevBuffer,
     w: Option<&DevBuffer>,
     out: &DevBuffer,
@@ -138,7 +139,12 @@ pub(crate) fn rms_norm(
     wl!(s, "      const float x = {};", read(x, "in0", &offset_wide(d, "i", d, &x.strides)));
     wl!(s, "      ss += x * x;");
     wl!(s, "    }}");
-    wl!(s, "    const float rms = sqrtf(mi::block_sum<{NT}>(ss, scratch) / {});", crate::emit::flit(len as f32));
+    wl!(
+        s,
+        "    const float rms = sqrtf(mi::block_sum<{NT}>(ss, scratch) / {}{});",
+        crate::emit::flit(len as f32),
+        plus_eps(eps)
+    );
     wl!(s, "    for (long long j = threadIdx.x; j < {len}LL; j += {NT}) {{");
     wl!(s, "      const long long i = row * {len}LL + j;");
     wl!(s, "      float v = {} / rms;", read(x, "in0", &offset_wide(d, "i", d, &x.strides)));
@@ -262,4 +268,13 @@ pub(crate) fn matmul(name: &str, a: &DevBuffer, b: &DevBuffer, out: &DevBuffer) 
 /// Row-major strides (re-exported for the planner).
 pub(crate) fn dense(dims: &[usize]) -> Vec<usize> {
     row_major(dims)
+}
+
+/// The C++ text that adds an RMS epsilon to a mean of squares: ` + <eps>`, nothing when it is 0.
+pub(crate) fn plus_eps(eps: f32) -> String {
+    if eps == 0.0 {
+        String::new()
+    } else {
+        format!(" + {}", crate::emit::flit(eps))
+    }
 }

@@ -237,7 +237,7 @@ pub(crate) fn find(bg: &BlockGraph, need: &[bool], uses: &[Vec<usize>], target: 
         // V = rms_norm(V') of a tile read by nothing else: normalised in place.
         let v_norm = ops
             .iter()
-            .position(|o| matches!(o.kind, BlockOpKind::RmsNorm) && o.outputs[0] == v)
+            .position(|o| o.kind == BlockOpKind::RmsNorm { eps: 0.0 } && o.outputs[0] == v)
             .filter(|&jn| uses[v][..] == [jpv] && uses[ops[jn].inputs[0]][..] == [jn]);
         if let Some(jn) = v_norm {
             v = ops[jn].inputs[0];

@@ -153,7 +153,7 @@ fn plain_output(bg: &BlockGraph, k: usize) -> bool {
         let Some(op) = bg.ops.iter().find(|o| o.outputs.contains(&t)) else { return false };
         match op.kind {
             BlockOpKind::Input { .. } => {}
-            BlockOpKind::RmsNorm | BlockOpKind::Binary { .. } => todo.extend(&op.inputs),
+            BlockOpKind::RmsNorm { .. } | BlockOpKind::Binary { .. } => todo.extend(&op.inputs),
             BlockOpKind::Unary { op: u } if u != UnaryOp::Exp => todo.extend(&op.inputs),
             _ => return false,
         }
@@ -293,8 +293,8 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                     KernelOpKind::Unary { op: u } => dk::elementwise(&name, &Ew::Unary(*u), &ins, out)?,
                     KernelOpKind::Binary { op: b } => dk::elementwise(&name, &Ew::Binary(*b), &ins, out)?,
                     KernelOpKind::Reduction { dim } => dk::reduction(&name, *dim, ins[0], out)?,
-                    KernelOpKind::RmsNorm { normalized_ndims } => {
-                        dk::rms_norm(&name, *normalized_ndims, ins[0], ins.get(1).copied(), out)?
+                    KernelOpKind::RmsNorm { normalized_ndims, eps } => {
+                        dk::rms_norm(&name, *normalized_ndims, *eps, ins[0], ins.get(1).copied(), out)?
                     }
                     KernelOpKind::Softmax { dim } => dk::softmax(&name, *dim, ins[0], out)?,
                     KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => {

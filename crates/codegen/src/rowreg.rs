@@ -45,8 +45,8 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             | BlockOpKind::Output { .. }
             | BlockOpKind::Unary { .. }
             | BlockOpKind::Binary { .. } => {}
-            BlockOpKind::RmsNorm if len.is_multiple_of(256) => norms += 1,
-            BlockOpKind::RmsNorm if 256 % len == 0 => {}
+            BlockOpKind::RmsNorm { .. } if len.is_multiple_of(256) => norms += 1,
+            BlockOpKind::RmsNorm { .. } if 256 % len == 0 => {}
             _ => return Ok(None),
         }
     }
@@ -197,7 +197,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                 wl!(s, "#pragma unroll");
                 wl!(s, "  for (int i = 0; i < {}; ++i) {}[i] = {e};", kc * 8, v(o));
             }
-            BlockOpKind::RmsNorm => {
+            BlockOpKind::RmsNorm { .. } => {
                 let (x, o) = (v(op.inputs[0]), v(op.outputs[0]));
                 wl!(s, "  float {o}[{}]; // rms norm of {x} over rows of {len}", kc * 8);
                 wl!(s, "#pragma unroll");
@@ -225,7 +225,16 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
                 }
                 // x * (1 / rms): one division per row chunk instead of per element (within an
                 // ulp of x / rms).
-                wl!(s, "    const float inv = 1.0f / sqrtf(ss / {});", flit(len as f32));
+                let eps = match op.kind {
+                    BlockOpKind::RmsNorm { eps } => eps,
+                    _ => 0.0,
+                };
+                wl!(
+                    s,
+                    "    const float inv = 1.0f / sqrtf(ss / {}{});",
+                    flit(len as f32),
+                    crate::default_kernels::plus_eps(eps)
+                );
                 wl!(s, "#pragma unroll");
                 wl!(s, "    for (int j = 0; j < 8; ++j) {o}[k * 8 + j] = {x}[k * 8 + j] * inv;");
                 wl!(s, "  }}");

@@ -705,3 +705,60 @@ fn warp_specialised_attention_sass() {
         }
     }
 }
+
+/// `g` with every RMS op (kernel `rms_norm`, block `rms_norm`, `rms` accumulator) given `eps`.
+fn with_eps(mut g: KernelGraph, e: f32) -> KernelGraph {
+    use mirage_ugraph::BlockOpKind;
+    for op in &mut g.ops {
+        match &mut op.kind {
+            KernelOpKind::RmsNorm { eps, .. } => *eps = e,
+            KernelOpKind::Customized { graph } => {
+                for o in &mut graph.ops {
+                    match &mut o.kind {
+                        BlockOpKind::RmsNorm { eps } | BlockOpKind::ForloopAccum { acc: Accum::Rms, eps } => *eps = e,
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    g
+}
+
+#[test]
+fn rms_eps_reaches_every_norm_form_and_compiles() {
+    // The loop's rms accumulator, the predefined rms_norm kernel, the register-row and the
+    // shared-row norms, and the attention forms whose Q / V norms are specialised for eps = 0.
+    let have_nvrtc = setup();
+    let a = Attn { b: 2, h: 64, d: 64, s: 512, splits: 4, frange: 2, qsplit: 1 };
+    for dt in [DType::Float16, DType::Float32] {
+        let p = zoo::rmsnorm_linear(4, 256, 512, 8, 4, dt).unwrap();
+        let mut graphs = vec![
+            ("rmsnorm_linear/ugraph", p.ugraph),
+            ("rmsnorm_linear/reference", p.reference),
+            ("ntrans", zoo::ntrans(4, 512, dt).unwrap().ugraph),
+            ("qnorm attention", zoo::qnorm_attention_online(a, dt).unwrap().ugraph),
+            ("qknorm attention", zoo::qknorm_attention_online(a, dt).unwrap().ugraph),
+        ];
+        if dt != DType::Float32 {
+            graphs.push(("row norm 64", row_norm_graph(64, dt)));
+            graphs.push(("row norm 512", row_norm_graph(512, dt)));
+        }
+        for (name, g) in graphs {
+            let ge = with_eps(g.clone(), 0.125);
+            for arch in [80, 90] {
+                let plain = generate(&g, &Options::for_arch(arch)).unwrap().source;
+                let src = generate(&ge, &Options::for_arch(arch))
+                    .unwrap_or_else(|e| panic!("{name}: generate failed: {e}"))
+                    .source;
+                let n = src.matches("+ 1.25e-1f").count();
+                assert!(n >= 1, "{name} sm_{arch}: no eps in the source");
+                assert_eq!(plain.matches("1.25e-1f").count(), 0, "{name}");
+            }
+            if have_nvrtc {
+                compile_all(&format!("{name} eps {}", dt.name()), &ge);
+            }
+        }
+    }
+}

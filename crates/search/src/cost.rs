@@ -171,7 +171,7 @@ fn launch_cost(bg: &BlockGraph, m: &CostModel, t: &Target, cs: u64) -> Cost {
                 c.dram_bytes += numel(&t.dims) * t.dtype.size_bytes() as u64 * blocks / cs;
             }
             BlockOpKind::Matmul => flops_per_block += matmul_flops(dims(0), dims(1)) * times,
-            BlockOpKind::RmsNorm => flops_per_block += 3 * numel(dims(0)) * times,
+            BlockOpKind::RmsNorm { .. } => flops_per_block += 3 * numel(dims(0)) * times,
             // Accumulators run every iteration on their input.
             k if k.is_accumulator() => flops_per_block += numel(dims(0)) * f,
             _ => flops_per_block += numel(&bg.tensors[op.outputs[0]].dims) * times,
@@ -228,7 +228,7 @@ pub fn streamed_operand_flops(bg: &BlockGraph) -> u64 {
         .filter_map(|op| op.outputs.first().map(|&o| (op, o)))
         .filter(|&(_, o)| streamed[o] && feeds_matmul[o] && bg.tensors[o].phase == Phase::Loop)
         .map(|(op, o)| match op.kind {
-            BlockOpKind::RmsNorm => 3 * numel(&bg.tensors[op.inputs[0]].dims),
+            BlockOpKind::RmsNorm { .. } => 3 * numel(&bg.tensors[op.inputs[0]].dims),
             _ => numel(&bg.tensors[o].dims),
         })
         .sum()

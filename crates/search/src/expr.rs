@@ -25,6 +25,7 @@
 //! | accum `None`, loop range `f` over label `L` | `(sum L f a)`                              |
 //! | accum `sum`, last tile dim `m`      | `(sum L f (sum l(last) m a))`, one `(sum L f*m a)` when `L` is the last label |
 //! | accum `mean` / `rms`                | `(/ that f*m)` / `(rms l(last) f*m a)`            |
+//! | `rms_norm` / accum `rms` with `eps > 0` | `(rmse i n #eps a)` in place of `(rms i n a)`  |
 //! | accum `sum_todimx` (last dim: `p` partials over `P`) | `(sum L f (sum P p a))`          |
 //! | `reduction_max(a, d)`               | `(max l(d) n a)`; its diff output and the rescaling / max accumulators are unsupported |
 //! | `concat`                            | unsupported (no algebraic abstraction yet)         |
@@ -68,6 +69,7 @@ define_language! {
         "clamp" = Clamp([Id; 3]),
         "sum" = Sum([Id; 3]),
         "rms" = Rms([Id; 3]),
+        "rmse" = RmsEps([Id; 4]),
         "max" = Max([Id; 3]),
         Const(Constant),
         Var(Symbol),
@@ -161,7 +163,7 @@ impl Analysis<Expr> for ExprAnalysis {
                 let free = k.and_then(|k| egraph.analysis.input_free.get(k)).copied().unwrap_or(0);
                 ExprData { free, ..Default::default() }
             }
-            Expr::Sum([i, _, x]) | Expr::Rms([i, _, x]) | Expr::Max([i, _, x]) => {
+            Expr::Sum([i, _, x]) | Expr::Rms([i, _, x]) | Expr::Max([i, _, x]) | Expr::RmsEps([i, _, _, x]) => {
                 let bound = d(*i).index.map_or(0, index_bit);
                 ExprData { free: d(*x).free & !bound, ..Default::default() }
             }
@@ -272,6 +274,17 @@ pub fn rms<S: Sink>(s: &mut S, i: u16, n: usize, x: Id) -> Option<Id> {
     s.node(Expr::Rms([i, n, x]))
 }
 
+/// `(rmse i n #eps x)`: `sqrt(mean(x^2) + eps)`; the plain [`rms`] term when `eps` is 0.
+pub fn rms_eps<S: Sink>(s: &mut S, i: u16, n: usize, eps: f32, x: Id) -> Option<Id> {
+    if eps == 0.0 {
+        return rms(s, i, n, x);
+    }
+    let i = s.node(Expr::Idx(Index(i)))?;
+    let n = s.node(Expr::Num(n as u64))?;
+    let e = s.node(Expr::Const(Constant::of(eps)))?;
+    s.node(Expr::RmsEps([i, n, e, x]))
+}
+
 /// An op whose term [`op_term`] gives: kernel-level or block-level.
 #[derive(Debug, Clone, Copy)]
 pub enum OpRef<'a> {
@@ -339,16 +352,18 @@ pub fn op_term<S: Sink>(
                 _ => None,
             }
         }
-        OpRef::Kernel(K::RmsNorm { normalized_ndims }) => {
+        OpRef::Kernel(K::RmsNorm { normalized_ndims, eps }) => {
             let d = dims[0];
             let len: usize = d[d.len().saturating_sub(*normalized_ndims)..].iter().product();
-            let normed = rms(s, last_ix(0), len, ins[0]).and_then(|r| s.node(Expr::Div([ins[0], r])));
+            let normed = rms_eps(s, last_ix(0), len, *eps, ins[0]).and_then(|r| s.node(Expr::Div([ins[0], r])));
             match (normed, ins.get(1)) {
                 (Some(n), Some(&w)) => s.node(Expr::Mul([n, w])),
                 (n, _) => n,
             }
         }
-        OpRef::Block(B::RmsNorm, _) => rms(s, last_ix(0), last(0), ins[0]).and_then(|r| s.node(Expr::Div([ins[0], r]))),
+        OpRef::Block(B::RmsNorm { eps }, _) => {
+            rms_eps(s, last_ix(0), last(0), *eps, ins[0]).and_then(|r| s.node(Expr::Div([ins[0], r])))
+        }
         OpRef::Kernel(K::Softmax { dim }) => {
             let e = s.node(Expr::Exp(ins[0]));
             let den = e.and_then(|e| sum(s, ix(0, *dim), dims[0][*dim], e));
@@ -357,7 +372,7 @@ pub fn op_term<S: Sink>(
                 _ => None,
             }
         }
-        OpRef::Block(B::ForloopAccum { acc }, ctx) => {
+        OpRef::Block(B::ForloopAccum { acc, eps }, ctx) => {
             let f = ctx.forloop_range;
             let li = ctx.loop_label.map_or(NO_INDEX, Label::index);
             let (m, mi) = (last(0), last_ix(0));
@@ -372,7 +387,7 @@ pub fn op_term<S: Sink>(
                         _ => None,
                     }
                 }
-                Accum::Rms => rms(s, mi, f * m, ins[0]),
+                Accum::Rms => rms_eps(s, mi, f * m, *eps, ins[0]),
                 Accum::SumToDimx => sum2(s, (li, f), (mi, m / ctx.reduction_dimx.max(1)), ins[0]),
             }
         }

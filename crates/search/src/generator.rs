@@ -27,7 +27,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use egg::Id;
 use mirage_ugraph::smem::{self, TileLife};
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, DType, Phase, UnaryOp, UNARY_OPS};
+use mirage_ugraph::{
+    Accum, BinaryOp, BlockGraph, BlockOpKind, DType, KernelGraph, KernelOpKind, Phase, UnaryOp, UNARY_OPS,
+};
 use rayon::prelude::*;
 
 use crate::config::SearchConfig;
@@ -78,6 +80,29 @@ pub(crate) struct Env<'a> {
     pub ctl: &'a Control,
     pub franges: Vec<usize>,
     pub blockdims: Vec<[usize; 3]>,
+    /// The epsilon of the block-level `rms_norm` and `rms` accumulators the generator builds:
+    /// the reference's ([`reference_eps`]).
+    pub eps: f32,
+}
+
+/// The RMS epsilon the generator gives its norms: the first nonzero `eps` of the reference's
+/// `rms_norm` ops (kernel- or block-level), else 0. A reference mixing several epsilons gets
+/// fused norms of the first only; the others' terms then match no candidate and stay unfused.
+pub(crate) fn reference_eps(g: &KernelGraph) -> f32 {
+    let block = |bg: &BlockGraph| {
+        bg.ops.iter().find_map(|o| match o.kind {
+            BlockOpKind::RmsNorm { eps } | BlockOpKind::ForloopAccum { eps, .. } if eps != 0.0 => Some(eps),
+            _ => None,
+        })
+    };
+    g.ops
+        .iter()
+        .find_map(|o| match &o.kind {
+            KernelOpKind::RmsNorm { eps, .. } if *eps != 0.0 => Some(*eps),
+            KernelOpKind::Customized { graph } => block(graph),
+            _ => None,
+        })
+        .unwrap_or(0.0)
 }
 
 impl Env<'_> {
@@ -155,16 +180,19 @@ enum Code {
 }
 
 impl Code {
-    fn kind(self) -> BlockOpKind {
+    fn kind(self, eps: f32) -> BlockOpKind {
         match self {
             Code::Matmul => BlockOpKind::Matmul,
             Code::Unary(u) => BlockOpKind::Unary { op: UNARY_OPS[u as usize].op },
-            Code::RmsNorm => BlockOpKind::RmsNorm,
+            Code::RmsNorm => BlockOpKind::RmsNorm { eps },
             Code::Reduction(d) => BlockOpKind::Reduction { dim: d as usize },
             Code::Add => BlockOpKind::Binary { op: BinaryOp::Add },
             Code::Mul => BlockOpKind::Binary { op: BinaryOp::Mul },
             Code::Div => BlockOpKind::Binary { op: BinaryOp::Div },
-            Code::Accum(a) => BlockOpKind::ForloopAccum { acc: ACCUM[a as usize] },
+            Code::Accum(a) => {
+                let acc = ACCUM[a as usize];
+                BlockOpKind::ForloopAccum { acc, eps: if acc == Accum::Rms { eps } else { 0.0 } }
+            }
         }
     }
 }
@@ -738,7 +766,7 @@ impl<'a> Dfs<'a> {
             _ if pruning => return Err(Reject::Expr),
             _ => return Ok(None),
         };
-        let kind = step.code.kind();
+        let kind = step.code.kind(self.env.eps);
         let dims = [a.shape.dims(), b.shape.dims()];
         let labels = [a.shape.labels(), b.shape.labels()];
         let n = if step.a == step.b && !matches!(step.code, Code::Matmul | Code::Add | Code::Mul | Code::Div) {
@@ -859,13 +887,13 @@ impl<'a> Dfs<'a> {
         }
         for s in &st.steps {
             let (a, b) = (s.a as usize, s.b as usize);
-            let r = match s.code.kind() {
+            let r = match s.code.kind(self.env.eps) {
                 BlockOpKind::Matmul => bg.matmul(a, b),
                 BlockOpKind::Unary { op } => bg.unary(op, a),
-                BlockOpKind::RmsNorm => bg.rms_norm(a),
+                BlockOpKind::RmsNorm { eps } => bg.rms_norm_eps(a, eps),
                 BlockOpKind::Reduction { dim } => bg.reduction(a, dim as i64),
                 BlockOpKind::Binary { op } => bg.binary(op, a, b),
-                BlockOpKind::ForloopAccum { acc } => bg.forloop_accum(a, acc),
+                BlockOpKind::ForloopAccum { acc, eps } => bg.forloop_accum_eps(a, acc, eps),
                 _ => return None,
             };
             r.ok()?;
@@ -911,7 +939,7 @@ mod tests {
         assert_eq!(ops, UNARY_OPS.iter().map(|d| d.op).collect::<Vec<_>>());
         for (u, d) in UNARY_OPS.iter().enumerate() {
             let code = u8::try_from(u).expect("fewer than 256 unary ops");
-            assert_eq!(Code::Unary(code).kind(), BlockOpKind::Unary { op: d.op }, "{}", d.name);
+            assert_eq!(Code::Unary(code).kind(0.0), BlockOpKind::Unary { op: d.op }, "{}", d.name);
         }
     }
 }

@@ -133,7 +133,7 @@ pub fn analyze(g: &KernelGraph) -> Result<LabelInfo> {
                     join(&mut uf, (out, i), (ins[0], i));
                 }
             }
-            KernelOpKind::RmsNorm { normalized_ndims } => {
+            KernelOpKind::RmsNorm { normalized_ndims, .. } => {
                 for i in 0..r {
                     join(&mut uf, (out, i), (ins[0], i));
                 }
@@ -312,7 +312,7 @@ pub fn propagate(g: &KernelGraph, inputs: &[Vec<Label>]) -> Result<GraphLabels> 
                             x[*dim] = Label::Unit;
                             x
                         }
-                        BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => {
+                        BlockOpKind::ForloopAccum { acc, .. } | BlockOpKind::ForloopAccumRescale { acc } => {
                             let mut x = bl(0);
                             if let Some(last) = x.last_mut() {
                                 match acc {
@@ -327,7 +327,7 @@ pub fn propagate(g: &KernelGraph, inputs: &[Vec<Label>]) -> Result<GraphLabels> 
                             }
                             x
                         }
-                        BlockOpKind::Unary { .. } | BlockOpKind::RmsNorm | BlockOpKind::ForloopAccumMax => bl(0),
+                        BlockOpKind::Unary { .. } | BlockOpKind::RmsNorm { .. } | BlockOpKind::ForloopAccumMax => bl(0),
                     };
                     for &t in &bop.outputs {
                         bt[t] = res.clone();

@@ -154,10 +154,10 @@ fn replay_kernel_op(g: &mut KernelGraph, kind: &KernelOpKind, ins: &[TensorId]) 
         KernelOpKind::Unary { op } => one(g.unary(*op, *ins.first()?)),
         KernelOpKind::Binary { op } => one(g.binary(*op, *ins.first()?, *ins.get(1)?)),
         KernelOpKind::Reduction { dim } => one(g.reduction(*ins.first()?, *dim as i64)),
-        KernelOpKind::RmsNorm { normalized_ndims } => {
+        KernelOpKind::RmsNorm { normalized_ndims, eps } => {
             let dims = g.tensor(*ins.first()?).ok()?.dims.clone();
             let shape = dims.get(dims.len().checked_sub(*normalized_ndims)?..)?.to_vec();
-            one(g.rms_norm(ins[0], &shape, ins.get(1).copied()))
+            one(g.rms_norm_eps(ins[0], &shape, ins.get(1).copied(), *eps))
         }
         KernelOpKind::Softmax { dim } => one(g.softmax(*ins.first()?, *dim as i64)),
         KernelOpKind::Customized { graph } => g.customized(ins, graph.clone()).ok(),
@@ -198,7 +198,7 @@ fn classify(bg: &BlockGraph, exp_op: usize) -> Option<(Vec<Cls>, Partials)> {
                 (BlockOpKind::Reduction { dim }, [Scaled]) if dim + 1 == rank0 => Scaled,
                 (BlockOpKind::Binary { op: Mul }, [Scaled, Free] | [Free, Scaled]) => Scaled,
                 (BlockOpKind::Binary { op: Div }, [Scaled, Free]) => Scaled,
-                (BlockOpKind::ForloopAccum { acc: Accum::None | Accum::Sum }, [Scaled]) => {
+                (BlockOpKind::ForloopAccum { acc: Accum::None | Accum::Sum, .. }, [Scaled]) => {
                     accumulators += 1;
                     Acc
                 }
@@ -263,7 +263,7 @@ fn rewrite_kernel1_at(bg: &BlockGraph, exp_op: usize) -> Option<Kernel1> {
             vec![e]
         } else {
             match &op.kind {
-                BlockOpKind::ForloopAccum { acc } if scaled_in => {
+                BlockOpKind::ForloopAccum { acc, .. } if scaled_in => {
                     vec![nb.forloop_accum_rescale(*ins.first()?, online?.1, *acc).ok()?]
                 }
                 BlockOpKind::Output { omap: om, forloop_dim } => {
@@ -366,8 +366,8 @@ fn rewrite_merge(g2: &BlockGraph, groups: &[Option<usize>], k1: &Kernel1) -> Opt
                 pos += 1;
                 Some(Sym::In(pos - 1))
             }
-            BlockOpKind::ForloopAccum { acc: Accum::None } => Some(arg(0)?),
-            BlockOpKind::ForloopAccum { acc: Accum::Sum } => match arg(0)? {
+            BlockOpKind::ForloopAccum { acc: Accum::None, .. } => Some(arg(0)?),
+            BlockOpKind::ForloopAccum { acc: Accum::Sum, .. } => match arg(0)? {
                 Sym::In(l) if group(l) == Some(1) => Some(Sym::Tot(l)),
                 _ => return None,
             },
@@ -375,7 +375,7 @@ fn rewrite_merge(g2: &BlockGraph, groups: &[Option<usize>], k1: &Kernel1) -> Opt
                 Sym::In(l) if group(l) == Some(1) => Some(Sym::Tot(l)),
                 _ => return None,
             },
-            BlockOpKind::ForloopAccum { acc: Accum::SumToDimx } => match arg(0)? {
+            BlockOpKind::ForloopAccum { acc: Accum::SumToDimx, .. } => match arg(0)? {
                 Sym::In(k) if group(k) == Some(dimx) => Some(Sym::Fold(k)),
                 Sym::InOverTot(k, l) if group(k) == Some(dimx) => Some(Sym::FoldOverTot(k, l)),
                 _ => return None,

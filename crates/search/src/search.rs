@@ -219,8 +219,15 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig, start: std::time::Instant) -
     let labels = analyze(reference)?;
     let oracle = ExprOracle::with_labels(reference, &labels, &cfg.sum_factors(), &cfg.saturation)?;
     let ctl = Control::new(cfg, start);
-    let env =
-        Env { oracle: &oracle, labels: &labels, cfg, ctl: &ctl, franges: cfg.franges(), blockdims: cfg.blockdims() };
+    let env = Env {
+        oracle: &oracle,
+        labels: &labels,
+        cfg,
+        ctl: &ctl,
+        franges: cfg.franges(),
+        blockdims: cfg.blockdims(),
+        eps: crate::generator::reference_eps(reference),
+    };
     let in_ids = reference.input_ids();
     let info = |t: usize, class| TensorInfo {
         dims: reference.tensors[t].dims.clone(),

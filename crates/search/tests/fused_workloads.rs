@@ -94,7 +94,7 @@ fn qknorm_norms_inside_the_attention_kernels() {
     assert!(launches(&g) <= 2 && kernels(&g).len() == launches(&g), "{}", describe(&g));
     assert_no_score_matrix(&p, &g);
     let is_norm = |k: &BlockOpKind| {
-        matches!(k, BlockOpKind::RmsNorm | BlockOpKind::ForloopAccum { acc: mirage_ugraph::Accum::Rms })
+        matches!(k, BlockOpKind::RmsNorm { .. } | BlockOpKind::ForloopAccum { acc: mirage_ugraph::Accum::Rms, .. })
     };
     let norms: usize = kernels(&g).iter().map(|k| k.ops.iter().filter(|o| is_norm(&o.kind)).count()).sum();
     assert_eq!(norms, 2, "both norms run inside the kernels: {}", describe(&g));

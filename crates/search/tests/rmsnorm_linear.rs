@@ -103,3 +103,52 @@ fn spread_verification_spans_structures() {
     // Both choose the same best candidate by the model (the cheapest is always checked first).
     assert_eq!(best(&plain).hash, best(&spread).hash);
 }
+
+#[test]
+fn with_eps_the_fused_form_carries_the_reference_eps() {
+    let eps = 0.5f32; // large against mean(x^2) of the data below, so a dropped eps shows
+    let pair = zoo::rmsnorm_linear_eps(8, 256, 128, 4, 4, DType::Float32, eps).expect("zoo builds");
+    let cfg = SearchConfig { franges: Some(vec![4]), ..SearchConfig::default() };
+    let r = superoptimize(&pair.reference, &cfg).expect("search runs");
+    let c = best(&r);
+    assert_fused_rmsnorm_linear(&c.graph);
+    assert!(c.verification.passed(), "{:?}", c.verification);
+    let bg = kernels(&c.graph)[0];
+    let rms_eps: Vec<f32> = bg
+        .ops
+        .iter()
+        .filter_map(|o| match o.kind {
+            BlockOpKind::ForloopAccum { acc: Accum::Rms, eps } | BlockOpKind::RmsNorm { eps } => Some(eps),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rms_eps, vec![eps], "{}", describe(&c.graph));
+    let inputs: Vec<Tensor<f32>> = pair
+        .reference
+        .input_ids()
+        .iter()
+        .enumerate()
+        .map(|(k, &t)| {
+            let dims = pair.reference.tensors[t].dims.clone();
+            let n: usize = dims.iter().product();
+            let data = (0..n).map(|i| (((i * 7 + k * 13) % 17) as f32 - 8.0) / 16.0).collect();
+            Tensor::new(dims, data).expect("dims match")
+        })
+        .collect();
+    let want = run(&pair.reference, &inputs).expect("reference runs");
+    let got = run(&c.graph, &inputs).expect("candidate runs");
+    for (x, y) in want[0].data.iter().zip(&got[0].data) {
+        assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "{x} vs {y}");
+    }
+    // Every candidate that passed verification carries the same eps in its norms.
+    for cand in r.candidates.iter().filter(|c| c.verification.passed()) {
+        for bg in kernels(&cand.graph) {
+            for o in &bg.ops {
+                if let BlockOpKind::ForloopAccum { acc: Accum::Rms, eps: e } | BlockOpKind::RmsNorm { eps: e } = o.kind
+                {
+                    assert_eq!(e, eps, "{}", describe(&cand.graph));
+                }
+            }
+        }
+    }
+}

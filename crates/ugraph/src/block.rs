@@ -98,8 +98,12 @@ pub enum BlockOpKind {
         /// Reduced dim.
         dim: usize,
     },
-    /// `x / sqrt(mean(x^2))` over the last dim.
-    RmsNorm,
+    /// `x / sqrt(mean(x^2) + eps)` over the last dim.
+    RmsNorm {
+        /// Added to the mean of squares before the root (finite, `>= 0`).
+        #[serde(default, skip_serializing_if = "crate::ops::eps_is_zero", with = "crate::json::float")]
+        eps: f32,
+    },
     /// Concatenation along `dim`.
     Concat {
         /// Concat dim.
@@ -109,6 +113,10 @@ pub enum BlockOpKind {
     ForloopAccum {
         /// Accumulator kind.
         acc: Accum,
+        /// `rms` only: added to the mean of squares before the root (finite, `>= 0`; 0 for
+        /// every other kind).
+        #[serde(default, skip_serializing_if = "crate::ops::eps_is_zero", with = "crate::json::float")]
+        eps: f32,
     },
     /// Rescaling accumulator `acc = acc * scale + x` (inputs: x, scale).
     ForloopAccumRescale {
@@ -130,7 +138,7 @@ impl BlockOpKind {
             BlockOpKind::Binary { op } => op.name(),
             BlockOpKind::Reduction { .. } => "tb.reduction",
             BlockOpKind::ReductionMax { .. } => "tb.reduction_max",
-            BlockOpKind::RmsNorm => "tb.rms_norm",
+            BlockOpKind::RmsNorm { .. } => "tb.rms_norm",
             BlockOpKind::Concat { .. } => "tb.concat",
             BlockOpKind::ForloopAccum { .. } => "tb.forloop_accum",
             BlockOpKind::ForloopAccumRescale { .. } => "tb.forloop_accum_rescale",
@@ -328,7 +336,9 @@ impl BlockGraph {
                     BlockOpKind::Input { .. } | BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } => true,
                     BlockOpKind::Output { forloop_dim, .. } => forloop_dim < 0,
                     BlockOpKind::Reduction { dim } | BlockOpKind::ReductionMax { dim } => unit(dim),
-                    BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => acc == Accum::None,
+                    BlockOpKind::ForloopAccum { acc, .. } | BlockOpKind::ForloopAccumRescale { acc } => {
+                        acc == Accum::None
+                    }
                     BlockOpKind::ForloopAccumMax => true,
                     _ => false,
                 }
@@ -560,8 +570,14 @@ impl BlockGraph {
 
     /// RMS normalisation over the last dim.
     pub fn rms_norm(&mut self, a: STensorId) -> Result<STensorId> {
+        self.rms_norm_eps(a, 0.0)
+    }
+
+    /// RMS normalisation over the last dim with `eps` added to the mean of squares.
+    pub fn rms_norm_eps(&mut self, a: STensorId, eps: f32) -> Result<STensorId> {
+        let eps = crate::ops::check_eps("tb.rms_norm", eps)?;
         let t = self.tensor(a)?.clone();
-        Ok(self.push(BlockOpKind::RmsNorm, vec![a], vec![t])?[0])
+        Ok(self.push(BlockOpKind::RmsNorm { eps }, vec![a], vec![t])?[0])
     }
 
     /// Concatenation along `dim`.
@@ -585,10 +601,21 @@ impl BlockGraph {
 
     /// For-loop accumulator (see [`Accum`]).
     pub fn forloop_accum(&mut self, a: STensorId, acc: Accum) -> Result<STensorId> {
-        let t = self.accum_input("tb.forloop_accum", a)?;
+        self.forloop_accum_eps(a, acc, 0.0)
+    }
+
+    /// [`BlockGraph::forloop_accum`] with an epsilon: `rms` adds `eps` to the mean of squares
+    /// before the root; every other kind requires `eps = 0`.
+    pub fn forloop_accum_eps(&mut self, a: STensorId, acc: Accum, eps: f32) -> Result<STensorId> {
+        let op = "tb.forloop_accum";
+        let eps = crate::ops::check_eps(op, eps)?;
+        if eps != 0.0 && acc != Accum::Rms {
+            return invalid(op, format!("eps {eps} is only allowed with acc=\"rms\", got {:?}", acc.name()));
+        }
+        let t = self.accum_input(op, a)?;
         let dims = acc.out_dims(&t.dims, self.reduction_dimx)?;
         let out = STensor { dims, dtype: t.dtype, phase: Phase::Post };
-        Ok(self.push(BlockOpKind::ForloopAccum { acc }, vec![a], vec![out])?[0])
+        Ok(self.push(BlockOpKind::ForloopAccum { acc, eps }, vec![a], vec![out])?[0])
     }
 
     /// Rescaling accumulator `acc = acc * scale + x`; `acc` is `None` or `Sum`.
@@ -696,9 +723,9 @@ impl BlockGraph {
             BlockOpKind::Binary { op } => one(self.binary(*op, ins[0], ins[1])),
             BlockOpKind::Reduction { dim } => one(self.reduction(ins[0], *dim as i64)),
             BlockOpKind::ReductionMax { dim } => self.reduction_max(ins[0], *dim as i64).map(|(m, d)| vec![m, d]),
-            BlockOpKind::RmsNorm => one(self.rms_norm(ins[0])),
+            BlockOpKind::RmsNorm { eps } => one(self.rms_norm_eps(ins[0], *eps)),
             BlockOpKind::Concat { dim } => one(self.concat(ins[0], ins[1], *dim as i64)),
-            BlockOpKind::ForloopAccum { acc } => one(self.forloop_accum(ins[0], *acc)),
+            BlockOpKind::ForloopAccum { acc, eps } => one(self.forloop_accum_eps(ins[0], *acc, *eps)),
             BlockOpKind::ForloopAccumRescale { acc } => one(self.forloop_accum_rescale(ins[0], ins[1], *acc)),
             BlockOpKind::ForloopAccumMax => one(self.forloop_accum_max(ins[0])),
         }

@@ -37,7 +37,10 @@ fn kernel_label(kind: &KernelOpKind) -> String {
     match kind {
         KernelOpKind::Unary { op } => unary_label(op),
         KernelOpKind::Reduction { dim } | KernelOpKind::Softmax { dim } => format!("{}(dim={dim})", kind.name()),
-        KernelOpKind::RmsNorm { normalized_ndims } => format!("rms_norm(ndims={normalized_ndims})"),
+        KernelOpKind::RmsNorm { normalized_ndims, eps } if *eps != 0.0 => {
+            format!("rms_norm(ndims={normalized_ndims}, eps={eps})")
+        }
+        KernelOpKind::RmsNorm { normalized_ndims, .. } => format!("rms_norm(ndims={normalized_ndims})"),
         _ => kind.name().to_string(),
     }
 }
@@ -51,9 +54,13 @@ fn block_label(kind: &BlockOpKind) -> String {
         BlockOpKind::Reduction { dim } | BlockOpKind::ReductionMax { dim } | BlockOpKind::Concat { dim } => {
             format!("{n}(dim={dim})")
         }
-        BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => {
+        BlockOpKind::ForloopAccum { acc, eps } if *eps != 0.0 => {
+            format!("{n}\nacc {} eps {eps}", acc.name().unwrap_or("none"))
+        }
+        BlockOpKind::ForloopAccum { acc, .. } | BlockOpKind::ForloopAccumRescale { acc } => {
             format!("{n}\nacc {}", acc.name().unwrap_or("none"))
         }
+        BlockOpKind::RmsNorm { eps } if *eps != 0.0 => format!("{n}(eps={eps})"),
         _ => n.to_string(),
     }
 }

@@ -83,6 +83,14 @@ impl H {
     }
 }
 
+/// Adds an RMS epsilon: nothing when it is 0, so epsilon-free graphs keep their hashes.
+fn eps_field(h: &mut H, eps: f32) -> &mut H {
+    if eps != 0.0 {
+        h.str("eps").u64(eps.to_bits().into());
+    }
+    h
+}
+
 /// Hex SHA-256 of the graph's structure (see the module docs for what it covers).
 pub fn graph_hash(g: &KernelGraph) -> String {
     let mut known: Vec<Option<Digest>> = vec![None; g.tensors.len()];
@@ -100,7 +108,11 @@ pub fn graph_hash(g: &KernelGraph) -> String {
             KernelOpKind::Unary { op: u } => H::new("unary").unary(u).finish(),
             KernelOpKind::Binary { op: b } => H::new("binary").str(b.name()).finish(),
             KernelOpKind::Reduction { dim } => H::new("reduction").u64(*dim as u64).finish(),
-            KernelOpKind::RmsNorm { normalized_ndims } => H::new("rms_norm").u64(*normalized_ndims as u64).finish(),
+            KernelOpKind::RmsNorm { normalized_ndims, eps } => {
+                let mut h = H::new("rms_norm");
+                h.u64(*normalized_ndims as u64);
+                eps_field(&mut h, *eps).finish()
+            }
             KernelOpKind::Softmax { dim } => H::new("softmax").u64(*dim as u64).finish(),
         };
         for (i, &t) in op.outputs.iter().enumerate() {
@@ -158,9 +170,16 @@ fn block_digest(b: &BlockGraph) -> Digest {
             BlockOpKind::Binary { op: o } => H::new("tb.binary").str(o.name()).finish(),
             BlockOpKind::Reduction { dim } => H::new("tb.reduction").u64(*dim as u64).finish(),
             BlockOpKind::ReductionMax { dim } => H::new("tb.reduction_max").u64(*dim as u64).finish(),
-            BlockOpKind::RmsNorm => H::new("tb.rms_norm").finish(),
+            BlockOpKind::RmsNorm { eps } => {
+                let mut h = H::new("tb.rms_norm");
+                eps_field(&mut h, *eps).finish()
+            }
             BlockOpKind::Concat { dim } => H::new("tb.concat").u64(*dim as u64).finish(),
-            BlockOpKind::ForloopAccum { acc } => H::new("tb.forloop_accum").str(&format!("{acc:?}")).finish(),
+            BlockOpKind::ForloopAccum { acc, eps } => {
+                let mut h = H::new("tb.forloop_accum");
+                h.str(&format!("{acc:?}"));
+                eps_field(&mut h, *eps).finish()
+            }
             BlockOpKind::ForloopAccumRescale { acc } => {
                 H::new("tb.forloop_accum_rescale").str(&format!("{acc:?}")).finish()
             }

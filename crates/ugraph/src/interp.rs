@@ -204,7 +204,7 @@ fn kernel_rule(kind: &KernelOpKind, rank: usize) -> Rule {
         KernelOpKind::Matmul => Rule::Matmul,
         KernelOpKind::Unary { .. } | KernelOpKind::Binary { .. } => Rule::Elementwise,
         KernelOpKind::Reduction { dim } => Rule::Reduce(vec![*dim]),
-        KernelOpKind::RmsNorm { normalized_ndims } => Rule::Widen((rank - normalized_ndims..rank).collect()),
+        KernelOpKind::RmsNorm { normalized_ndims, .. } => Rule::Widen((rank - normalized_ndims..rank).collect()),
         KernelOpKind::Softmax { dim } => Rule::Widen(vec![*dim]),
         KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => unreachable!("no region rule"),
     }
@@ -215,9 +215,9 @@ fn block_rule(kind: &BlockOpKind, rank: usize) -> Rule {
         BlockOpKind::Matmul => Rule::Matmul,
         BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } => Rule::Elementwise,
         BlockOpKind::Reduction { dim } | BlockOpKind::ReductionMax { dim } => Rule::Reduce(vec![*dim]),
-        BlockOpKind::RmsNorm => Rule::Widen(vec![rank - 1]),
+        BlockOpKind::RmsNorm { .. } => Rule::Widen(vec![rank - 1]),
         BlockOpKind::Concat { dim } => Rule::Concat(*dim),
-        BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => match acc {
+        BlockOpKind::ForloopAccum { acc, .. } | BlockOpKind::ForloopAccumRescale { acc } => match acc {
             Accum::None => Rule::Elementwise,
             _ => Rule::Reduce(vec![rank - 1]),
         },
@@ -424,10 +424,10 @@ fn kernel_box<S: Scalar>(
         KernelOpKind::Unary { op: u } => args[0].unary(u),
         KernelOpKind::Binary { op: b } => args[0].binary(*b, &args[1]),
         KernelOpKind::Reduction { dim } => args[0].sum_dim(*dim),
-        KernelOpKind::RmsNorm { normalized_ndims } => {
+        KernelOpKind::RmsNorm { normalized_ndims, eps } => {
             let x = &args[0];
             let len: usize = x.dims[x.dims.len() - normalized_ndims..].iter().product();
-            x.rms_norm(len, args.get(1).map(|w| w.as_ref()))
+            x.rms_norm(len, args.get(1).map(|w| w.as_ref()), *eps)
         }
         KernelOpKind::Softmax { dim } => args[0].softmax(*dim),
         KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => unreachable!("no kernel box"),
@@ -707,7 +707,7 @@ fn run_block<S: Scalar>(
                     let x = get(&vals, op.inputs[0]).view(opr[0].as_ref().expect("accumulated operand is needed"));
                     let last = x.dims.len() - 1;
                     let contrib = match kind {
-                        BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => match acc {
+                        BlockOpKind::ForloopAccum { acc, .. } | BlockOpKind::ForloopAccumRescale { acc } => match acc {
                             Accum::None => x.into_owned(),
                             Accum::Sum | Accum::Mean => x.sum_dim(last),
                             Accum::Rms => x.zip_with(&x, |a, b| S::zero().mul_acc(a, b)).sum_dim(last),
@@ -773,9 +773,9 @@ fn run_block<S: Scalar>(
                         BlockOpKind::Unary { op: u } => arg(0).unary(u),
                         BlockOpKind::Binary { op: b } => arg(0).binary(*b, arg(1)),
                         BlockOpKind::Reduction { dim } => arg(0).sum_dim(*dim),
-                        BlockOpKind::RmsNorm => {
+                        BlockOpKind::RmsNorm { eps } => {
                             let x = arg(0);
-                            x.rms_norm(*x.dims.last().unwrap_or(&1), None)
+                            x.rms_norm(*x.dims.last().unwrap_or(&1), None, *eps)
                         }
                         BlockOpKind::Concat { dim } => match (&args[0], &args[1]) {
                             (Some(a), Some(b)) => a.concat(b, *dim),
@@ -796,7 +796,7 @@ fn run_block<S: Scalar>(
 
 /// Turns a summed accumulator into its final value (mean and rms divide, rms takes the root).
 fn finalize_accum<S: Scalar>(bg: &BlockGraph, kind: &BlockOpKind, inputs: &[usize], slot: &mut Option<Part<S>>) {
-    let BlockOpKind::ForloopAccum { acc } = kind else { return };
+    let BlockOpKind::ForloopAccum { acc, eps } = kind else { return };
     if !matches!(acc, Accum::Mean | Accum::Rms) {
         return;
     }
@@ -806,7 +806,7 @@ fn finalize_accum<S: Scalar>(bg: &BlockGraph, kind: &BlockOpKind, inputs: &[usiz
         for v in p.t.data.iter_mut() {
             *v = v.div(n);
             if *acc == Accum::Rms {
-                *v = v.sqrt();
+                *v = crate::tensor::add_eps(*v, *eps).sqrt();
             }
         }
     }

@@ -12,8 +12,33 @@ use crate::kernel::KernelGraph;
 
 /// Value of the envelope's `"format"` field.
 pub const FORMAT_NAME: &str = "mirage-ugraph";
-/// Newest file format version this build writes and reads.
-pub const FORMAT_VERSION: u64 = 1;
+/// Newest file format version this build writes and reads. Version 2 adds the `eps` field of
+/// `rms_norm` (kernel and block level) and of the `rms` accumulator; a graph without a nonzero
+/// epsilon is written as version 1 (the same bytes as before, readable by older builds), and
+/// version 1 files load with every `eps = 0`. A builder that ignored `eps` would compute a
+/// different function, so a graph that has one is marked version 2, which such builds refuse.
+pub const FORMAT_VERSION: u64 = 2;
+
+/// The version a graph is written as: 2 when some RMS op has a nonzero epsilon, else 1.
+fn version_of(g: &KernelGraph) -> u64 {
+    use crate::block::BlockOpKind;
+    use crate::kernel::KernelOpKind;
+    let block = |bg: &BlockGraph| {
+        bg.ops.iter().any(
+            |o| matches!(o.kind, BlockOpKind::RmsNorm { eps } | BlockOpKind::ForloopAccum { eps, .. } if eps != 0.0),
+        )
+    };
+    let eps = g.ops.iter().any(|o| match &o.kind {
+        KernelOpKind::RmsNorm { eps, .. } => *eps != 0.0,
+        KernelOpKind::Customized { graph } => block(graph),
+        _ => false,
+    });
+    if eps {
+        FORMAT_VERSION
+    } else {
+        1
+    }
+}
 
 /// Most characters of the input that an error message quotes.
 const MAX_ECHO: usize = 300;
@@ -32,7 +57,7 @@ struct EnvelopeIn {
 
 /// Serializes `g` with the format envelope (compact, deterministic).
 pub fn to_json(g: &KernelGraph) -> String {
-    let env = EnvelopeOut { format: FORMAT_NAME, version: FORMAT_VERSION, graph: g };
+    let env = EnvelopeOut { format: FORMAT_NAME, version: version_of(g), graph: g };
     // Cannot fail: the graph has no maps and every float is encoded by `float` below.
     serde_json::to_string(&env).expect("a KernelGraph always serializes")
 }

@@ -50,11 +50,14 @@ pub enum KernelOpKind {
         /// Reduced dim.
         dim: usize,
     },
-    /// `x / sqrt(mean(x^2))` over the trailing `normalized_ndims` dims, times an optional weight
-    /// (second input, dims = the normalized dims).
+    /// `x / sqrt(mean(x^2) + eps)` over the trailing `normalized_ndims` dims, times an optional
+    /// weight (second input, dims = the normalized dims).
     RmsNorm {
         /// How many trailing dims are normalized.
         normalized_ndims: usize,
+        /// Added to the mean of squares before the root (finite, `>= 0`).
+        #[serde(default, skip_serializing_if = "crate::ops::eps_is_zero", with = "crate::json::float")]
+        eps: f32,
     },
     /// `exp(x - max) / sum(exp(x - max))` over `dim`.
     Softmax {
@@ -206,7 +209,19 @@ impl KernelGraph {
 
     /// RMS normalisation over the trailing dims `normalized_shape`, with an optional weight.
     pub fn rms_norm(&mut self, a: TensorId, normalized_shape: &[usize], weight: Option<TensorId>) -> Result<TensorId> {
+        self.rms_norm_eps(a, normalized_shape, weight, 0.0)
+    }
+
+    /// [`KernelGraph::rms_norm`] with `eps` added to the mean of squares (finite, `>= 0`).
+    pub fn rms_norm_eps(
+        &mut self,
+        a: TensorId,
+        normalized_shape: &[usize],
+        weight: Option<TensorId>,
+        eps: f32,
+    ) -> Result<TensorId> {
         let op = "rms_norm";
+        let eps = crate::ops::check_eps(op, eps)?;
         let t = self.tensor(a)?.clone();
         let n = normalized_shape.len();
         if n == 0 || n > t.dims.len() || t.dims[t.dims.len() - n..] != *normalized_shape {
@@ -230,7 +245,7 @@ impl KernelGraph {
             same_dtype(op, t.dtype, tw.dtype)?;
             inputs.push(w);
         }
-        Ok(self.push(KernelOpKind::RmsNorm { normalized_ndims: n }, inputs, vec![t])?[0])
+        Ok(self.push(KernelOpKind::RmsNorm { normalized_ndims: n, eps }, inputs, vec![t])?[0])
     }
 
     /// Softmax over `dim` (negative counts from the end).
@@ -353,7 +368,7 @@ impl KernelGraph {
                     arity(1)?;
                     g.reduction(ins[0], *dim as i64)?;
                 }
-                KernelOpKind::RmsNorm { normalized_ndims } => {
+                KernelOpKind::RmsNorm { normalized_ndims, eps } => {
                     if ins.is_empty() || ins.len() > 2 {
                         return invalid("rms_norm", format!("expects 1 or 2 operands, got {}", ins.len()));
                     }
@@ -366,7 +381,7 @@ impl KernelGraph {
                             format!("normalized_ndims {normalized_ndims} exceeds the input rank {}", d.len()),
                         );
                     }
-                    g.rms_norm(ins[0], &shape, ins.get(1).copied())?;
+                    g.rms_norm_eps(ins[0], &shape, ins.get(1).copied(), *eps)?;
                 }
                 KernelOpKind::Softmax { dim } => {
                     arity(1)?;
@@ -423,14 +438,14 @@ impl BlockGraph {
                 BlockOpKind::ReductionMax { dim } => {
                     b.reduction_max(ins[0], *dim as i64)?;
                 }
-                BlockOpKind::RmsNorm => {
-                    b.rms_norm(ins[0])?;
+                BlockOpKind::RmsNorm { eps } => {
+                    b.rms_norm_eps(ins[0], *eps)?;
                 }
                 BlockOpKind::Concat { dim } => {
                     b.concat(ins[0], ins[1], *dim as i64)?;
                 }
-                BlockOpKind::ForloopAccum { acc } => {
-                    b.forloop_accum(ins[0], *acc)?;
+                BlockOpKind::ForloopAccum { acc, eps } => {
+                    b.forloop_accum_eps(ins[0], *acc, *eps)?;
                 }
                 BlockOpKind::ForloopAccumRescale { acc } => {
                     b.forloop_accum_rescale(ins[0], ins[1], *acc)?;

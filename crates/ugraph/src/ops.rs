@@ -32,6 +32,20 @@ impl UnaryOp {
     }
 }
 
+/// Checks an RMS epsilon (`rms_norm`'s `eps`, the `rms` accumulator's): finite and `>= 0`.
+/// Returns it with `-0.0` made `0.0`, so equal values have equal bits (hash, JSON).
+pub fn check_eps(op: &str, eps: f32) -> Result<f32> {
+    if !eps.is_finite() || eps < 0.0 {
+        return invalid(op, format!("eps {eps} must be a finite number >= 0"));
+    }
+    Ok(eps + 0.0)
+}
+
+/// Whether `eps` is zero (serde: an RMS op without epsilon writes no `eps` field).
+pub fn eps_is_zero(eps: &f32) -> bool {
+    *eps == 0.0
+}
+
 /// Element-wise op with two operands; shapes broadcast where a dim is 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -169,7 +169,7 @@ impl<S: Scalar> Tensor<S> {
     }
 
     /// RMS normalisation over the trailing `len` elements of each row, times `weight` if given.
-    pub fn rms_norm(&self, len: usize, weight: Option<&Tensor<S>>) -> Self {
+    pub fn rms_norm(&self, len: usize, weight: Option<&Tensor<S>>, eps: f32) -> Self {
         let mut data = Vec::with_capacity(self.data.len());
         let n = S::from_count(len);
         for row in self.data.chunks(len) {
@@ -177,7 +177,7 @@ impl<S: Scalar> Tensor<S> {
             for &x in row {
                 ss = ss.mul_acc(x, x);
             }
-            let r = ss.div(n).sqrt();
+            let r = add_eps(ss.div(n), eps).sqrt();
             match weight {
                 Some(w) => data.extend(row.iter().zip(&w.data).map(|(&x, &wv)| x.div(r).mul(wv))),
                 None => data.extend(row.iter().map(|&x| x.div(r))),
@@ -284,5 +284,15 @@ fn copy_box<S: Copy>(
             }
             idx[d] = 0;
         }
+    }
+}
+
+/// `v + eps`; `v` itself when `eps` is 0, so an epsilon-free norm computes exactly what it did
+/// without the addition.
+pub fn add_eps<S: Scalar>(v: S, eps: f32) -> S {
+    if eps == 0.0 {
+        v
+    } else {
+        v.add(S::from_f32(eps))
     }
 }

@@ -29,9 +29,23 @@ fn inputs(g: &mut KernelGraph, shapes: &[&[usize]], dt: DType) -> Result<Vec<Ten
 /// RMSNorm + Linear: `rms_norm(X) @ W`, X `[m, k]`, W `[k, n]`; one kernel with `grid` blocks
 /// over n and a loop of `frange` over k; the rms accumulates in the matmul's loop.
 pub fn rmsnorm_linear(m: usize, k: usize, n: usize, grid: usize, frange: usize, dt: DType) -> Result<Pair> {
+    rmsnorm_linear_eps(m, k, n, grid, frange, dt, 0.0)
+}
+
+/// [`rmsnorm_linear`] with `rms_norm(X, eps)`: the reference's norm and the µGraph's rms
+/// accumulator both add `eps` to the mean of squares.
+pub fn rmsnorm_linear_eps(
+    m: usize,
+    k: usize,
+    n: usize,
+    grid: usize,
+    frange: usize,
+    dt: DType,
+    eps: f32,
+) -> Result<Pair> {
     let mut r = KernelGraph::new();
     let v = inputs(&mut r, &[&[m, k], &[k, n]], dt)?;
-    let y = r.rms_norm(v[0], &[k], None)?;
+    let y = r.rms_norm_eps(v[0], &[k], None, eps)?;
     let z = r.matmul(y, v[1])?;
     r.mark_output(z, None)?;
 
@@ -42,7 +56,7 @@ pub fn rmsnorm_linear(m: usize, k: usize, n: usize, grid: usize, frange: usize, 
     let tw = tb.new_input(&[k, n], dt, [1, -1, -1], 0)?;
     let mm = tb.matmul(tx, tw)?;
     let acc = tb.forloop_accum(mm, Accum::None)?;
-    let rms = tb.forloop_accum(tx, Accum::Rms)?;
+    let rms = tb.forloop_accum_eps(tx, Accum::Rms, eps)?;
     let out = tb.binary(BinaryOp::Div, acc, rms)?;
     tb.new_output(out, [1, -1, -1], -1)?;
     let o = g.customized(&v, tb)?;

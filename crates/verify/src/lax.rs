@@ -143,7 +143,19 @@ impl Deg {
     fn join(self, o: Deg) -> Deg {
         Deg { num: self.num.max(o.num), den: self.den.max(o.den) }
     }
+}
 
+/// The degree of `d + eps` (a constant of degree 0; the interpreter adds `eps` mapped into the
+/// field exactly, as every `f32` constant); `d` itself when `eps` is 0.
+fn plus_eps(d: Deg, eps: f32) -> Deg {
+    if eps == 0.0 {
+        d
+    } else {
+        d.add(Deg::default())
+    }
+}
+
+impl Deg {
     fn total(self) -> u64 {
         self.num.saturating_add(self.den)
     }
@@ -235,9 +247,9 @@ impl Walk {
         out
     }
 
-    fn rms_norm(&mut self, x: &Info, len: usize) -> Info {
+    fn rms_norm(&mut self, x: &Info, len: usize, eps: f32) -> Info {
         self.sqrt_ops += 1;
-        let r = x.deg.mul(x.deg).sum(len).sqrt();
+        let r = plus_eps(x.deg.mul(x.deg).sum(len), eps).sqrt();
         Info { deg: x.deg.div(r), ..x.clone() }
     }
 
@@ -276,16 +288,16 @@ impl Walk {
                     self.uninterpreted.push(label);
                     vec![arg(0).clone(), arg(0).clone()]
                 }
-                BlockOpKind::RmsNorm => vec![self.rms_norm(arg(0), last(0))],
+                BlockOpKind::RmsNorm { eps } => vec![self.rms_norm(arg(0), last(0), *eps)],
                 BlockOpKind::Concat { .. } => vec![join(&[arg(0), arg(1)])],
-                BlockOpKind::ForloopAccum { acc } => {
+                BlockOpKind::ForloopAccum { acc, eps } => {
                     let x = arg(0);
                     let deg = match acc {
                         Accum::None => x.deg.sum(range),
                         Accum::Sum | Accum::Mean => x.deg.sum(range * last(0)),
                         Accum::Rms => {
                             self.sqrt_ops += 1;
-                            x.deg.mul(x.deg).sum(range * last(0)).sqrt()
+                            plus_eps(x.deg.mul(x.deg).sum(range * last(0)), *eps).sqrt()
                         }
                         Accum::SumToDimx => x.deg.sum(range * (last(0) / bg.reduction_dimx.max(1)).max(1)),
                     };
@@ -333,10 +345,10 @@ pub fn analyze(g: &KernelGraph) -> LaxReport {
                 let l = dims(0).get(*dim).copied().unwrap_or(1);
                 vec![Info { deg: arg(0).deg.sum(l), ..arg(0).clone() }]
             }
-            KernelOpKind::RmsNorm { normalized_ndims } => {
+            KernelOpKind::RmsNorm { normalized_ndims, eps } => {
                 let d = dims(0);
                 let len: usize = d[d.len().saturating_sub(*normalized_ndims)..].iter().product();
-                let mut out = walk.rms_norm(arg(0), len);
+                let mut out = walk.rms_norm(arg(0), len, *eps);
                 if op.inputs.len() > 1 {
                     let w = arg(1);
                     out = Info { deg: out.deg.mul(w.deg), ..join(&[&out, w]) };

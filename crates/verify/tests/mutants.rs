@@ -140,12 +140,12 @@ fn mutants(g: &KernelGraph) -> Vec<(String, KernelGraph)> {
                         );
                     }
                 }
-                BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => {
+                BlockOpKind::ForloopAccum { acc, .. } | BlockOpKind::ForloopAccumRescale { acc } => {
                     for v in ACCUM.iter().filter(|v| *v != acc) {
                         push(
                             format!("k{i}/b{j} accum {acc:?} -> {v:?}"),
                             edit(&|k| match k {
-                                BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => {
+                                BlockOpKind::ForloopAccum { acc, .. } | BlockOpKind::ForloopAccumRescale { acc } => {
                                     *acc = *v
                                 }
                                 _ => unreachable!(),

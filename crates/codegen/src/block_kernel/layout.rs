@@ -99,7 +99,7 @@ pub(super) fn swizzled_mm_operand(bg: &BlockGraph, op: usize, t: STensorId, in_l
 /// can keep its sums in registers (the shape rule; the tile's storage is the caller's): a
 /// mean or rms accumulator of a loop tile, 16-column steps, at most four row groups per warp.
 pub(super) fn row_sum_acc_shape(bg: &BlockGraph, nt: usize, op: usize) -> Option<(usize, usize)> {
-    let BlockOpKind::ForloopAccum { acc: Accum::Rms | Accum::Mean } = bg.ops[op].kind else { return None };
+    let BlockOpKind::ForloopAccum { acc: Accum::Rms | Accum::Mean, .. } = bg.ops[op].kind else { return None };
     let x = &bg.tensors[bg.ops[op].inputs[0]];
     let len = *x.dims.last()?;
     let rows = numel(&x.dims[..x.dims.len() - 1]);
@@ -341,7 +341,7 @@ impl Planner<'_> {
     /// `swz<len, 8>`.
     pub(super) fn row_sums(&self, op: usize) -> Option<RowSums> {
         let aop = &self.bg.ops[op];
-        let BlockOpKind::ForloopAccum { acc } = aop.kind else { return None };
+        let BlockOpKind::ForloopAccum { acc, .. } = aop.kind else { return None };
         let x = aop.inputs[0];
         let (rows, len) = row_sum_acc_shape(self.bg, self.nt, op)?;
         let dims = &self.bg.tensors[x].dims;

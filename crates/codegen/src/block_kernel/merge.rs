@@ -23,7 +23,9 @@ impl Ctx<'_> {
         let dx = self.dims(aop.inputs[0]);
         let n = dx[dx.len() - 1] * self.bg.forloop_range * self.cluster;
         match aop.kind {
-            BlockOpKind::ForloopAccum { acc: Accum::Rms } => format!("sqrtf({sum} / {})", flit(n as f32)),
+            BlockOpKind::ForloopAccum { acc: Accum::Rms, eps } => {
+                format!("sqrtf({sum} / {}{})", flit(n as f32), crate::default_kernels::plus_eps(eps))
+            }
             _ => format!("{sum} / {}", flit(n as f32)),
         }
     }

@@ -671,7 +671,7 @@ impl Planner<'_> {
             return None;
         }
         let bg = self.bg;
-        let op = bg.ops.iter().position(|o| o.kind == BlockOpKind::RmsNorm && o.outputs[0] == f.q)?;
+        let op = bg.ops.iter().position(|o| o.kind == BlockOpKind::RmsNorm { eps: 0.0 } && o.outputs[0] == f.q)?;
         // Its input's rows contiguous in 16-bit device memory (`Ctx::device_rows`).
         let x = bg.ops[op].inputs[0];
         let k = self.streamed[x]?;

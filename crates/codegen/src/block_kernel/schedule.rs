@@ -44,7 +44,7 @@ pub(super) fn liveness(bg: &BlockGraph) -> Liveness {
 
 /// Whether an accumulator is finalised after the loop (a mean or an rms: `Step::Finalize`).
 pub(super) fn finalized(k: &BlockOpKind) -> bool {
-    matches!(k, BlockOpKind::ForloopAccum { acc: Accum::Mean | Accum::Rms })
+    matches!(k, BlockOpKind::ForloopAccum { acc: Accum::Mean | Accum::Rms, .. })
 }
 
 /// The loop matmul whose product accumulator op `acc` sums.
@@ -165,7 +165,7 @@ impl<'a> Planner<'a> {
             let c = uses[t][0];
             let cop = &bg.ops[c];
             let ok = match cop.kind {
-                BlockOpKind::ForloopAccum { acc: Accum::None } => cop.inputs[0] == t,
+                BlockOpKind::ForloopAccum { acc: Accum::None, .. } => cop.inputs[0] == t,
                 BlockOpKind::ForloopAccumRescale { acc: Accum::None } => cop.inputs[0] == t && cop.inputs[1] != t,
                 _ => false,
             };
@@ -192,7 +192,7 @@ impl<'a> Planner<'a> {
         let (da, db) = (&bg.tensors[a].dims, &bg.tensors[b].dims);
         let r = da.len();
         let (sa, sb) = (loaded(a), loaded(b));
-        matches!(bg.ops[c].kind, BlockOpKind::ForloopAccum { acc: Accum::None })
+        matches!(bg.ops[c].kind, BlockOpKind::ForloopAccum { acc: Accum::None, .. })
             && matches!(sa, Some(Storage::F16 | Storage::BF16))
             && sa == sb
             && r >= 2
@@ -266,7 +266,7 @@ impl<'a> Planner<'a> {
                     }
                 }
                 BlockOpKind::Reduction { .. } => steps.push((phase_sec(op.outputs[0]), Step::Reduce { op: j })),
-                BlockOpKind::RmsNorm => steps.push((phase_sec(op.outputs[0]), Step::RmsNorm { op: j })),
+                BlockOpKind::RmsNorm { .. } => steps.push((phase_sec(op.outputs[0]), Step::RmsNorm { op: j })),
                 BlockOpKind::Concat { .. } => steps.push((phase_sec(op.outputs[0]), Step::Concat { op: j })),
                 BlockOpKind::ReductionMax { .. } => {
                     let sec = if bg.tensors[op.inputs[0]].phase == Phase::Post { Section::Post } else { Section::Loop };
@@ -283,7 +283,7 @@ impl<'a> Planner<'a> {
                         Some(m) => steps.push((Section::Loop, Step::Matmul { op: m, acc: Some(j) })),
                         None => steps.push((Section::Loop, Step::Accum { op: j })),
                     }
-                    if matches!(op.kind, BlockOpKind::ForloopAccum { acc: Accum::Mean | Accum::Rms }) {
+                    if matches!(op.kind, BlockOpKind::ForloopAccum { acc: Accum::Mean | Accum::Rms, .. }) {
                         steps.push((Section::Post, Step::Finalize { op: j }));
                     }
                 }

@@ -8,7 +8,7 @@ use mirage_ugraph::{Accum, BinaryOp, BlockOpKind, STensorId, ThreadOp};
 use super::ctx::Ctx;
 use super::load::rows_of;
 use super::{Section, Step};
-use crate::emit::{bcast, binary_expr, coord, numel, row_major, unary_expr, wl};
+use crate::emit::{bcast, binary_expr, coord, flit, numel, row_major, unary_expr, wl};
 use crate::error::{unsupported, Result};
 use crate::program::Storage;
 
@@ -332,6 +332,23 @@ impl Ctx<'_> {
         let (x, o) = (bg.ops[op].inputs[0], bg.ops[op].outputs[0]);
         let d = self.dims(x);
         let len = d[d.len() - 1];
+        // With an epsilon: the rows as `mi::rms_norm_rows` shares them, eps added to the mean of
+        // squares (the specialised forms below have none).
+        if let BlockOpKind::RmsNorm { eps } = bg.ops[op].kind {
+            if eps != 0.0 {
+                wl!(
+                    s,
+                    "mi::share_reduce<{nt}, {}, {len}, 1>(0.0f, [&](int i) {{ const float x = {}; return x * x; }}, [](float a, float b) {{ return a + b; }}, [&](int r, float ss, int first, int step) {{ const float inv = 1.0f / sqrtf(ss / {} + {}); for (int l = first; l < {len}; l += step) {{ const int i = r * {len} + l; {} = {}; }} }});",
+                    numel(d) / len,
+                    self.read(x, "i"),
+                    flit(len as f32),
+                    flit(eps),
+                    self.at(o, "i"),
+                    self.conv(o, &format!("({}) * inv", self.read(x, "i")))
+                );
+                return Ok(());
+            }
+        }
         // The attention's Q, normalised by its softmax: the rows as they are.
         if self.q_norm_in_softmax() == Some(op) {
             if let Some((k, row, _)) = self.device_rows(x) {
@@ -458,7 +475,7 @@ impl Ctx<'_> {
             }
         };
         let acc = match aop.kind {
-            BlockOpKind::ForloopAccum { acc } | BlockOpKind::ForloopAccumRescale { acc } => acc,
+            BlockOpKind::ForloopAccum { acc, .. } | BlockOpKind::ForloopAccumRescale { acc } => acc,
             _ => Accum::None,
         };
         let last = dx.len() - 1;

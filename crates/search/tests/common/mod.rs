@@ -30,7 +30,7 @@ pub fn accumulators(bg: &BlockGraph) -> Vec<(Accum, usize)> {
     bg.ops
         .iter()
         .filter_map(|o| match o.kind {
-            BlockOpKind::ForloopAccum { acc } => Some((acc, o.inputs[0])),
+            BlockOpKind::ForloopAccum { acc, .. } => Some((acc, o.inputs[0])),
             _ => None,
         })
         .collect()

@@ -1,0 +1,289 @@
+"""A mirage region at run time: lowering per input shape, search, caches and the
+``mirage::region`` custom op through which the rewritten graph calls it.
+
+Each region keeps the lowered and searched graph of every input-shape key it has seen; the
+searched graphs themselves are shared process-wide by (graph hash, search options, device), and
+``superoptimize``'s on-disk cache (docs/caches.md) keeps them across processes. Row-wise regions
+(their activations flattened to ``[rows, k]``) with dynamic shapes bucket the rows to the next
+power of two: the inputs' rows are padded with zeros and the outputs sliced (docs/dynamo.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..kernel import KNGraph
+from .lower import Lowered, Unsupported, lower_region, materialize, output_fixups
+
+log = logging.getLogger("mirage.dynamo")
+
+#: Counters of the backend (``mirage.dynamo_stats()``).
+STATS: dict[str, int] = {
+    "compiles": 0,
+    "regions": 0,
+    "regions_lowered": 0,
+    "regions_fallback": 0,
+    "lowerings": 0,
+    "searches": 0,
+    "search_disk_hits": 0,
+    "search_failures": 0,
+    "graph_cache_hits": 0,
+    "region_calls": 0,
+}
+_LOCK = threading.Lock()
+#: Searched graphs by (graph hash, search options, device type).
+_GRAPHS: dict[tuple[Any, ...], KNGraph] = {}
+#: Live regions by the key the custom op carries.
+_REGIONS: dict[int, Region] = {}
+
+
+def bump(name: str, n: int = 1) -> None:
+    """Adds ``n`` to counter ``name``."""
+    with _LOCK:
+        STATS[name] = STATS.get(name, 0) + n
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for 0)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass
+class _Entry:
+    low: Lowered
+    graph: KNGraph
+    #: Rows the graph was built for (bucketed), or None.
+    rows: int | None
+
+
+class Region:
+    """One lowered region: a torch-level FX graph, run as mirage graphs (see the module docs)."""
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        flatten: bool,
+        out_dtypes: Sequence[torch.dtype],
+        options: Any,
+        dynamic: bool,
+        trial: Lowered,
+    ) -> None:
+        self.gm = gm
+        self.flatten = flatten
+        self.out_dtypes = list(out_dtypes)
+        self.options = options
+        #: Region inputs that are activations (flattened to rows); bucketing pads their rows.
+        self.acts = sorted({r.index for r in trial.recipes if r.flatten and r.const is None})
+        # Bucketing re-lowers with the activations' rows changed: each must be a plain input
+        # read only as rows (not also as a weight or through views).
+        plain = all(
+            not r.views and (r.flatten or r.index not in self.acts)
+            for r in trial.recipes
+            if r.const is None and (r.flatten or r.index in self.acts)
+        )
+        self.bucket = bool(options.bucket and dynamic and flatten and plain and self.acts)
+        self.entries: dict[tuple[Any, ...], _Entry] = {}
+        with _LOCK:
+            self.key = len(_REGIONS)
+            _REGIONS[self.key] = self
+
+    # -------------------------------------------------------------- keys and shapes
+    def _rows(self, inputs: Sequence[Any]) -> int | None:
+        """The activation rows of this call when bucketing, else None."""
+        if not self.bucket:
+            return None
+        return math.prod(inputs[self.acts[0]].shape[:-1])
+
+    def _key(self, inputs: Sequence[Any], rows: int | None) -> tuple[Any, ...]:
+        parts: list[Any] = []
+        for x in inputs:
+            if isinstance(x, torch.Tensor):
+                shape: tuple[Any, ...] = tuple(x.shape)
+                if rows is not None and len(parts) in self.acts:
+                    shape = ("rows", shape[-1])
+                # A 0-d input may be read by item() when lowering: its value is part of the key.
+                scal = float(x.item()) if x.dim() == 0 else None
+                parts.append((shape, x.dtype, x.device.type, scal))
+            else:
+                parts.append(("value", x))
+        return (tuple(parts), None if rows is None else next_pow2(rows))
+
+    # -------------------------------------------------------------- building
+    def _lower(self, inputs: Sequence[Any], rows: int | None) -> Lowered:
+        bump("lowerings")
+        if rows is None:
+            return lower_region(self.gm, inputs, self.flatten)
+        # Lower at the bucket's rows: activations as [bucket, 1.., k] meta tensors.
+        b = next_pow2(rows)
+        shaped = []
+        for i, x in enumerate(inputs):
+            if i in self.acts:
+                shape = (b,) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+                shaped.append(torch.empty(shape, dtype=x.dtype, device="meta"))
+            else:
+                shaped.append(x)
+        low = lower_region(self.gm, shaped, True)
+        if any(r.flatten and r.views for r in low.recipes):
+            raise Unsupported("bucketing: a viewed activation")
+        return low
+
+    def _build(self, inputs: Sequence[Any], rows: int | None) -> _Entry:
+        low = self._lower(inputs, rows)
+        device = next(x.device for x in inputs if isinstance(x, torch.Tensor)).type
+        return _Entry(
+            low,
+            searched(low.graph, self.options, device),
+            None if rows is None else next_pow2(rows),
+        )
+
+    def _entry(self, inputs: Sequence[Any]) -> tuple[_Entry, int | None]:
+        rows = self._rows(inputs)
+        key = self._key(inputs, rows)
+        entry = self.entries.get(key)
+        if entry is None:
+            try:
+                entry = self._build(inputs, rows)
+            except Unsupported:
+                if rows is None:
+                    raise
+                log.info("mirage region %d: bucketing refused; exact shapes", self.key)
+                self.bucket = False
+                rows = None
+                key = self._key(inputs, None)
+                entry = self.entries.get(key) or self._build(inputs, None)
+            self.entries[key] = entry
+        return entry, rows
+
+    # -------------------------------------------------------------- running
+    def __call__(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+        bump("region_calls")
+        entry, rows = self._entry(inputs)
+        low = entry.low
+        device = next(x.device for x in inputs if isinstance(x, torch.Tensor))
+        args = []
+        for r in low.recipes:
+            t = materialize(r, inputs, low.dtype, device)
+            if (
+                entry.rows is not None
+                and r.flatten
+                and r.const is None
+                and t.shape[0] != entry.rows
+            ):
+                pad = torch.zeros(
+                    (entry.rows - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device
+                )
+                t = torch.cat([t, pad])
+            args.append(t)
+        outs = entry.graph(inputs=args)
+        if entry.rows is not None and rows is not None:
+            outs = [o[:rows] for o in outs]
+        if low.flatten:
+            lead = _lead_of(low, inputs)
+            low = Lowered(
+                low.graph, low.recipes, low.dtype, True, lead, low.out_shapes, low.scalars
+            )
+        return [o.contiguous() for o in output_fixups(low, outs, self.out_dtypes)]
+
+    def fake(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+        """Outputs of the region's shapes and dtypes for tracing (runs its torch code on the
+        fake inputs, with ``item()`` read as a placeholder number)."""
+        outs = _FakeRun(self.gm).run(*inputs)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        return [o.new_empty(o.shape, dtype=dt) for o, dt in zip(outs, self.out_dtypes)]
+
+
+def _lead_of(low: Lowered, inputs: Sequence[Any]) -> tuple[int, ...]:
+    for r in low.recipes:
+        if r.flatten and r.const is None:
+            from .lower import replay_views
+
+            return tuple(replay_views(inputs[r.index], r.views).shape[:-1])
+    return low.lead
+
+
+class _FakeRun(fx.Interpreter):
+    """Runs a region's graph for shapes only: ``item()`` gives a number without reading data."""
+
+    def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if target == "item":
+            return 1e-6
+        return super().call_method(target, args, kwargs)
+
+
+def _search_key(options: Any, device: str) -> tuple[Any, ...]:
+    return (
+        repr(options.config),
+        options.time_budget,
+        repr(sorted(options.search_kwargs.items())),
+        device,
+    )
+
+
+def searched(g: KNGraph, options: Any, device: str) -> KNGraph:
+    """The best graph of ``g``'s search (cached per graph hash, options and device); ``g``
+    itself when searching is off or finds nothing."""
+    if not options.search:
+        return g
+    key = (g.hash(), *_search_key(options, device))
+    with _LOCK:
+        hit = _GRAPHS.get(key)
+    if hit is not None:
+        bump("graph_cache_hits")
+        return hit
+    from ..search import SearchError
+
+    kwargs: dict[str, Any] = dict(options.search_kwargs)
+    kwargs.setdefault("backend", "cuda" if device == "cuda" else "cpu")
+    if options.config is not None:
+        kwargs["config"] = options.config
+    if options.time_budget is not None:
+        kwargs["time_budget"] = options.time_budget
+    if options.cache_dir is not None:
+        kwargs["cache_dir"] = options.cache_dir
+    kwargs["verbose"] = options.verbose
+    try:
+        best = g.superoptimize(**kwargs)
+    except SearchError as e:
+        bump("search_failures")
+        log.info("mirage: search found nothing (%s); running the lowered graph as it is", e)
+        best = g
+    else:
+        source = (best.search_stats or {}).get("source", "search")
+        bump("searches" if source == "search" else "search_disk_hits")
+        log.debug("mirage: searched graph %s (%s)", g.hash()[:12], source)
+    with _LOCK:
+        _GRAPHS[key] = best
+    return best
+
+
+def region_by_key(key: int) -> Region:
+    """The live region of a custom-op key."""
+    return _REGIONS[key]
+
+
+def clear_caches() -> None:
+    """Forgets the searched graphs and the counters (regions already compiled keep theirs)."""
+    with _LOCK:
+        _GRAPHS.clear()
+        for k in STATS:
+            STATS[k] = 0
+
+
+# ---------------------------------------------------------------------------- custom op
+@torch.library.custom_op("mirage::region", mutates_args=())
+def region_op(inputs: list[torch.Tensor], key: int) -> list[torch.Tensor]:
+    """Runs mirage region ``key`` on ``inputs`` (the rewritten graph's call)."""
+    return _REGIONS[key](inputs)
+
+
+@region_op.register_fake
+def _region_fake(inputs: list[torch.Tensor], key: int) -> list[torch.Tensor]:
+    return _REGIONS[key].fake(inputs)

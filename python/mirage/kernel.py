@@ -189,10 +189,12 @@ class KNGraph:
         ids = []
         for i, (t, want) in enumerate(zip(items, declared)):
             ids.append(self._tid(op, t, f"input {i}"))
-            if t.dims != want.dims:
+            # The block input may read the tensor with leading 1s (a rank-lifting view).
+            lift = len(want.dims) - len(t.dims)
+            if lift < 0 or tuple(want.dims) != (1,) * lift + tuple(t.dims):
                 raise ValueError(
                     f"{op}: input {i} has dims {t.dims} but the threadblock graph's input {i} "
-                    f"was declared with dims {want.dims}"
+                    f"was declared with dims {want.dims} (the same dims, or them with leading 1s)"
                 )
             if t.dtype != want.dtype:
                 raise TypeError(

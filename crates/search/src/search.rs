@@ -460,9 +460,29 @@ fn predefined_ops(ctx: &Ctx<'_>, state: &KState) -> Vec<(KernelOpKind, Vec<usize
                     }
                 }
                 if a != b {
-                    emit(KernelOpKind::Binary { op: BinaryOp::Div }, vec![a, b], dims, labels);
+                    for op in [BinaryOp::Div, BinaryOp::Sub, BinaryOp::Pow] {
+                        emit(KernelOpKind::Binary { op }, vec![a, b], dims.clone(), labels.clone());
+                    }
                 }
             }
+            // rms_norm over the last dim with a weight of that dim.
+            let r = x.dims.len();
+            if r >= 1 && a != b && y.dims.len() == 1 && y.dims[0] == x.dims[r - 1] && y.labels[0] == x.labels[r - 1] {
+                emit(KernelOpKind::RmsNorm { normalized_ndims: 1 }, vec![a, b], x.dims.clone(), x.labels.clone());
+            }
+        }
+        // The reference's row ops as kernels of their own: what the block graphs cannot hold
+        // still has a plan.
+        let x = t(a);
+        if !x.dims.is_empty() {
+            emit(KernelOpKind::RmsNorm { normalized_ndims: 1 }, vec![a], x.dims.clone(), x.labels.clone());
+        }
+        for dim in 0..x.dims.len() {
+            emit(KernelOpKind::Softmax { dim }, vec![a], x.dims.clone(), x.labels.clone());
+            let (mut dims, mut labels) = (x.dims.clone(), x.labels.clone());
+            dims[dim] = 1;
+            labels[dim] = Label::Unit;
+            emit(KernelOpKind::Reduction { dim }, vec![a], dims, labels);
         }
     }
     out
@@ -599,6 +619,13 @@ fn build_graph(reference: &KernelGraph, ctx: &Ctx<'_>, steps: &[KStep], choice: 
                 KernelOpKind::Matmul => g.matmul(inputs[0], inputs[1])?,
                 KernelOpKind::Unary { op } => g.unary(*op, inputs[0])?,
                 KernelOpKind::Binary { op } => g.binary(*op, inputs[0], inputs[1])?,
+                KernelOpKind::Reduction { dim } => g.reduction(inputs[0], *dim as i64)?,
+                KernelOpKind::Softmax { dim } => g.softmax(inputs[0], *dim as i64)?,
+                KernelOpKind::RmsNorm { .. } => {
+                    let d = &g.tensor(inputs[0])?.dims;
+                    let last = d[d.len() - 1..].to_vec();
+                    g.rms_norm(inputs[0], &last, inputs.get(1).copied())?
+                }
                 other => {
                     return Err(SearchError::Unsupported {
                         op: other.name().into(),

@@ -481,8 +481,11 @@ class KNGraph:
           ``symbolic_checkpoint`` is ``previous_checkpoint`` (docs/reference-compat.md).
 
         Ctrl-C cancels the search promptly and raises ``KeyboardInterrupt``. Bad argument types
-        raise ``TypeError``, bad values ``ValueError``; a search that finds nothing raises
-        :class:`mirage.search.SearchError` with the reason. The returned graph carries
+        raise ``TypeError``, bad values ``ValueError``. A search that finds nothing usable
+        returns the program as given (its ops run by the default kernels) with a
+        ``RuntimeWarning`` naming the ops and the reason (``search_stats["source"]`` is
+        ``"as_given"``); only launch restrictions (``griddims``, ``imaps``, ...) that exclude
+        every µGraph raise :class:`mirage.search.SearchError`. The returned graph carries
         ``search_stats`` (a dict) and ``candidates_considered``.
         """
         from .search import superoptimize

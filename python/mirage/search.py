@@ -10,7 +10,8 @@ on disk by ``_search_cache`` and timed on a GPU by ``_autotune``:
   only when nothing else passed, with a warning); it runs on the CPU interpreter;
 * with ``backend="cuda"`` and a CUDA device: the top candidates are compiled (in parallel),
   timed with CUDA events on random inputs (``warmup_iters`` launches, then ``profile_iters``
-  timed launches replayed in a CUDA graph when capture works, median), and the fastest wins.
+  timed launches replayed in a CUDA graph when capture works, median), and the fastest wins;
+* when nothing usable is found: the program as given, with a warning (docs/search.md).
 
 Cache: one JSON file per key in ``cache_dir`` (default ``$MIRAGE_CACHE_DIR/search`` or
 ``~/.cache/mirage-rs/search``), holding the verified candidates (cheapest first), the
@@ -356,11 +357,19 @@ def _restrictions(settings: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k in keys}
 
 
+def _op_name(kind: Mapping[str, Any]) -> str:
+    """An op's name from its JSON kind (``sub`` rather than ``binary``)."""
+    op = kind.get("op")
+    if isinstance(op, Mapping):
+        op = op.get("op")
+    return str(op) if isinstance(op, str) else str(kind["kind"])
+
+
 def _as_given(graph: KNGraph, data: Mapping[str, Any], why: str) -> KNGraph:
     """The program as given (its predefined ops run by the default kernels: correct, not
     fused), with a ``RuntimeWarning`` naming its ops and why no µGraph was found."""
     doc = json.loads(graph.to_json())
-    ops = [o["kind"]["kind"] for o in doc["graph"]["ops"] if o["kind"]["kind"] != "input"]
+    ops = [_op_name(o["kind"]) for o in doc["graph"]["ops"] if o["kind"]["kind"] != "input"]
     warnings.warn(
         f"superoptimize: no fused µGraph for the ops {ops}: {why}; returning the program as "
         "given (each op runs as its own default kernel)",

@@ -111,9 +111,9 @@ def test_rms_norm_with_weight_matches_torch_in_half_precision():
     wo = (rng.standard_normal((k, n)) / 20).astype(np.float16)
     (out,) = best(inputs=[x, w, wo])
     xd = torch.tensor(x).double()
-    ref = (xd / xd.square().mean(-1, keepdim=True).sqrt() * torch.tensor(w).double()) @ torch.tensor(
-        wo
-    ).double()
+    ref = (
+        xd / xd.square().mean(-1, keepdim=True).sqrt() * torch.tensor(w).double()
+    ) @ torch.tensor(wo).double()
     assert rel_err(out, ref) < 1e-2
 
 
@@ -182,7 +182,11 @@ def test_an_unfused_op_gets_its_own_kernel():
     best = g.superoptimize(backend="cpu")
     assert best.search_stats["source"] == "search"
     gen = torch.Generator().manual_seed(1)
-    ins = [torch.randn(8, 64, generator=gen), torch.randn(64, 32, generator=gen), torch.full((8, 32), 2.0)]
+    ins = [
+        torch.randn(8, 64, generator=gen),
+        torch.randn(64, 32, generator=gen),
+        torch.full((8, 32), 2.0),
+    ]
     (want,) = g(inputs=ins)
     (have,) = best(inputs=ins)
     assert rel_err(have, want.double()) < 1e-4
@@ -196,7 +200,9 @@ def test_an_unfusable_program_is_returned_as_given_with_a_warning():
     Y = g.new_input(dims=(8, 32), dtype=mi.float32)
     E = g.new_input(dims=(8, 32), dtype=mi.float32)
     g.mark_output(g.pow(g.sub(g.matmul(X, W), Y), E))
-    with pytest.warns(RuntimeWarning, match=r"no fused µGraph for the ops \['matmul', 'sub', 'pow'\]"):
+    with pytest.warns(
+        RuntimeWarning, match=r"no fused µGraph for the ops \['matmul', 'sub', 'pow'\]"
+    ):
         best = g.superoptimize(backend="cpu")
     assert best is not g
     assert best.search_stats["source"] == "as_given"

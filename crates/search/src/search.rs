@@ -486,7 +486,13 @@ fn predefined_ops(ctx: &Ctx<'_>, state: &KState) -> Vec<(KernelOpKind, Vec<usize
             }
             // rms_norm over the last dim with a weight of that dim.
             let r = x.dims.len();
-            if ctx.row_ops && r >= 1 && a != b && y.dims.len() == 1 && y.dims[0] == x.dims[r - 1] && y.labels[0] == x.labels[r - 1] {
+            if ctx.row_ops
+                && r >= 1
+                && a != b
+                && y.dims.len() == 1
+                && y.dims[0] == x.dims[r - 1]
+                && y.labels[0] == x.labels[r - 1]
+            {
                 emit(KernelOpKind::RmsNorm { normalized_ndims: 1 }, vec![a, b], x.dims.clone(), x.labels.clone());
             }
         }

@@ -116,7 +116,11 @@ fn matmul_times_scale_is_fused() {
     let fused = r.candidates.iter().find(|c| launches(&c.graph) == 1);
     let c = fused.unwrap_or_else(|| panic!("no one-kernel candidate among {}", r.candidates.len()));
     let bg = kernels(&c.graph)[0];
-    assert!(bg.ops.iter().any(|o| matches!(o.kind, BlockOpKind::Binary { op: BinaryOp::Mul })), "{}", describe(&c.graph));
+    assert!(
+        bg.ops.iter().any(|o| matches!(o.kind, BlockOpKind::Binary { op: BinaryOp::Mul })),
+        "{}",
+        describe(&c.graph)
+    );
     assert!(verify_candidate(&g, &c.graph, &VerifyOptions::default()).passed());
     assert_same_values(&g, &c.graph, "X@W*s fused");
 }

@@ -217,3 +217,21 @@ def test_an_unfusable_program_is_returned_as_given_with_a_warning():
     (want,) = g(inputs=ins)
     (have,) = best(inputs=ins)
     assert torch.equal(have, want)
+
+
+def test_an_unfusable_program_is_served_from_the_cache_as_given(tmp_path):
+    g = mi.new_kernel_graph()
+    X = g.new_input(dims=(8, 64), dtype=mi.float32)
+    W = g.new_input(dims=(64, 32), dtype=mi.float32)
+    Y = g.new_input(dims=(8, 32), dtype=mi.float32)
+    E = g.new_input(dims=(8, 32), dtype=mi.float32)
+    g.mark_output(g.pow(g.sub(g.matmul(X, W), Y), E))
+    for source in ("search", "cache"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            best = g.superoptimize(backend="cpu", cache_dir=tmp_path)
+        messages = [str(w.message) for w in caught]
+        # One warning, the fallback's: no "searching again" for an entry that holds nothing.
+        assert len(messages) == 1 and "returning the program as given" in messages[0], messages
+        assert best.search_stats["source"] == "as_given"
+        assert best.hash() == g.hash(), source

@@ -478,7 +478,7 @@ def superoptimize(
     save = checkpoint is not None or use_cached_graphs
     profiling = (warmup_iters, profile_iters)
     choice = _choose(graph, data, settings, backend, profiling, path if save else None, verbose)
-    if choice is None and loaded_from is not None:
+    if choice is None and loaded_from is not None and data["candidates"]:
         warnings.warn(
             f"superoptimize: no candidate from the {loaded_from} ({path}) passed the "
             "every-element equivalence check; searching again",

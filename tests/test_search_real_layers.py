@@ -96,6 +96,7 @@ def test_rms_norm_with_weight_then_linear_is_one_kernel(shape, dtype):
     kinds = _kinds(bg)
     assert {"mul", "matmul", "div", "forloop_accum"} <= set(kinds), kinds
     assert kinds.index("mul") < kinds.index("matmul") < kinds.index("div"), kinds
+    assert mi.verify(g, best).equivalent
     if dtype == mi.float32:
         _same_values(g, best)
     _compiles(best, f"rms_norm(weight)@W {shape}")

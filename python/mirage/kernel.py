@@ -192,10 +192,12 @@ class KNGraph:
         ids = []
         for i, (t, want) in enumerate(zip(items, declared)):
             ids.append(self._tid(op, t, f"input {i}"))
-            if t.dims != want.dims:
+            # The block input may read the tensor with leading 1s (a rank-lifting view).
+            lift = len(want.dims) - len(t.dims)
+            if lift < 0 or tuple(want.dims) != (1,) * lift + tuple(t.dims):
                 raise ValueError(
                     f"{op}: input {i} has dims {t.dims} but the threadblock graph's input {i} "
-                    f"was declared with dims {want.dims}"
+                    f"was declared with dims {want.dims} (the same dims, or them with leading 1s)"
                 )
             if t.dtype != want.dtype:
                 raise TypeError(
@@ -488,8 +490,11 @@ class KNGraph:
           ``symbolic_checkpoint`` is ``previous_checkpoint`` (docs/reference-compat.md).
 
         Ctrl-C cancels the search promptly and raises ``KeyboardInterrupt``. Bad argument types
-        raise ``TypeError``, bad values ``ValueError``; a search that finds nothing raises
-        :class:`mirage.search.SearchError` with the reason. The returned graph carries
+        raise ``TypeError``, bad values ``ValueError``. A search that finds nothing usable
+        returns the program as given (its ops run by the default kernels) with a
+        ``RuntimeWarning`` naming the ops and the reason (``search_stats["source"]`` is
+        ``"as_given"``); only launch restrictions (``griddims``, ``imaps``, ...) that exclude
+        every µGraph raise :class:`mirage.search.SearchError`. The returned graph carries
         ``search_stats`` (a dict; its ``summary`` says in one line what was chosen and why,
         printed with ``verbose`` or ``progress``) and ``candidates_considered``;
         :meth:`explain` shows its kernels.

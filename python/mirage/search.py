@@ -10,7 +10,8 @@ on disk by ``_search_cache`` and timed on a GPU by ``_autotune``:
   only when nothing else passed, with a warning); it runs on the CPU interpreter;
 * with ``backend="cuda"`` and a CUDA device: the top candidates are compiled (in parallel),
   timed with CUDA events on random inputs (``warmup_iters`` launches, then ``profile_iters``
-  timed launches replayed in a CUDA graph when capture works, median), and the fastest wins.
+  timed launches replayed in a CUDA graph when capture works, median), and the fastest wins;
+* when nothing usable is found: the program as given, with a warning (docs/search.md).
 
 Cache: one JSON file per key in ``cache_dir`` (default ``$MIRAGE_CACHE_DIR/search`` or
 ``~/.cache/mirage-rs/search``), holding the verified candidates (cheapest first), the
@@ -332,13 +333,11 @@ def _choose(
     device or None), or None when no candidate passes the check."""
     cands, unstable_only = _eligible(data["candidates"])
     if not cands:
-        restricted = {
-            k: v
-            for k, v in settings.items()
-            if k in ("griddims", "blockdims", "imaps", "omaps", "fmaps", "franges")
-        }
+        restricted = _restrictions(settings)
         why = data.get("empty_reason") or "no candidate passed verification"
-        hint = f"; the restrictions {restricted} may exclude every µGraph" if restricted else ""
+        if not restricted:
+            return None
+        hint = f"; the restrictions {restricted} may exclude every µGraph"
         raise SearchError(f"superoptimize found no usable µGraph: {why}{hint}")
     if unstable_only:
         warnings.warn(
@@ -362,6 +361,44 @@ def _choose(
     if confirm["rejected"] and selection["method"].startswith("profiled"):
         selection = {**selection, "winner": cands[winner]["hash"]}
     return winner, cands, graphs, selection, considered, confirm, device
+
+
+def _restrictions(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's launch-shape restrictions among ``settings``."""
+    keys = ("griddims", "blockdims", "imaps", "omaps", "fmaps", "franges")
+    return {k: v for k, v in settings.items() if k in keys}
+
+
+def _op_name(kind: Mapping[str, Any]) -> str:
+    """An op's name from its JSON kind (``sub`` rather than ``binary``)."""
+    op = kind.get("op")
+    if isinstance(op, Mapping):
+        op = op.get("op")
+    return str(op) if isinstance(op, str) else str(kind["kind"])
+
+
+def _as_given(graph: KNGraph, data: Mapping[str, Any], why: str) -> KNGraph:
+    """The program as given (its predefined ops run by the default kernels: correct, not
+    fused), with a ``RuntimeWarning`` naming its ops and why no µGraph was found."""
+    doc = json.loads(graph.to_json())
+    ops = [_op_name(o["kind"]) for o in doc["graph"]["ops"] if o["kind"]["kind"] != "input"]
+    warnings.warn(
+        f"superoptimize: no fused µGraph for the ops {ops}: {why}; returning the program as "
+        "given (each op runs as its own default kernel)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    result = KNGraph(_core.KernelGraph.from_json(graph.to_json()))
+    result.search_stats = {
+        **dict(data.get("stats") or {}),
+        "source": "as_given",
+        "stopped": data.get("stopped"),
+        "selection": {"method": "as_given", "reason": why},
+        "winner": None,
+        "summary": f"returned the program as given ({len(ops)} ops, default kernels): {why}",
+    }
+    result.candidates_considered = 0
+    return result
 
 
 # ------------------------------------------------------------------ the API
@@ -455,7 +492,7 @@ def superoptimize(
     with _progress.session(progress) as rep:
         data, path, loaded_from = _results(*sources, verbose)
         choice = _choose(graph, data, settings, backend, profiling, path if save else None, verbose)
-        if choice is None and loaded_from is not None:
+        if choice is None and loaded_from is not None and data["candidates"]:
             warnings.warn(
                 f"superoptimize: no candidate from the {loaded_from} ({path}) passed the "
                 "every-element equivalence check; searching again",
@@ -466,10 +503,14 @@ def superoptimize(
             save_to = path if save else None
             choice = _choose(graph, data, settings, backend, profiling, save_to, verbose)
     if choice is None:
-        raise SearchError(
-            "superoptimize found no usable µGraph: no candidate passed the every-element "
-            "equivalence check"
+        # Nothing usable (nothing found, or nothing passed the every-element check): the
+        # program as given is still a correct plan.
+        why = data.get("empty_reason") or (
+            "no candidate passed the every-element equivalence check"
+            if data["candidates"]
+            else "no candidate passed verification"
         )
+        return _as_given(graph, data, why)
     winner, cands, graphs, selection, considered, confirm, device = choice
 
     result = graphs[winner]

@@ -270,7 +270,9 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         let kind = op.kind.name();
         let (src, grid, block, smem, cluster) = match &op.kind {
             KernelOpKind::Customized { graph } => {
-                let in_bufs: Vec<DevBuffer> = ins.iter().map(|b| (*b).clone()).collect();
+                // A block input declared with leading 1s reads the buffer as that view.
+                let in_bufs: Vec<DevBuffer> =
+                    ins.iter().zip(graph.input_ops()).map(|(b, bop)| lifted(b, graph, bop)).collect();
                 let out_bufs: Vec<DevBuffer> = outs.iter().map(|b| (*b).clone()).collect();
                 let knobs = block_kernel::Knobs {
                     wgs: opts.ws_warpgroups,
@@ -363,6 +365,22 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         .map(|(&t, s)| TensorDesc { dims: g.tensors[t].dims.clone(), strides: s.clone(), dtype: g.tensors[t].dtype })
         .collect();
     Ok(Program { source, arch: opts.arch(), kernels, inputs, outputs, workspace_bytes: workspace })
+}
+
+/// `b` as the block input `bop` of `graph` declares it: its dims with leading 1s added
+/// (strides of the whole buffer there), or `b` itself.
+fn lifted(b: &DevBuffer, graph: &mirage_ugraph::BlockGraph, bop: &mirage_ugraph::BlockOp) -> DevBuffer {
+    let rank = bop.outputs.first().map_or(0, |&o| graph.tensors[o].dims.len());
+    let lift = rank.saturating_sub(b.dims.len());
+    if lift == 0 {
+        return b.clone();
+    }
+    let span = b.dims.iter().zip(&b.strides).map(|(&d, &s)| d.saturating_sub(1) * s).sum::<usize>() + 1;
+    DevBuffer {
+        dims: [vec![1; lift], b.dims.clone()].concat(),
+        strides: [vec![span; lift], b.strides.clone()].concat(),
+        ..b.clone()
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! which slows its L2 traffic and arithmetic; its DRAM traffic only where a wave has fewer
 //! blocks than it takes to saturate DRAM (`CostModel::dram_saturating_blocks`).
 //! Predefined ops are library kernels: they move their operands and result once, at full
-//! utilisation. A kernel whose loop the code generator splits across thread-block clusters
+//! utilisation, after one exposed DRAM round trip. A kernel whose loop the code generator splits across thread-block clusters
 //! (`BlockGraph::cluster_split`) is priced in that form, plus the merge.
 //! Defaults are the H100 numbers of docs/reference.md (baselines on the H100); the SM count,
 //! pipelining budgets and cluster rules come from the [`Target`] the functions are given.
@@ -261,7 +261,9 @@ pub fn kernel_op_costs(g: &KernelGraph, m: &CostModel, t: &Target) -> Vec<(usize
                     _ => numel(d(0)),
                 };
                 let busy = (io as f64 / m.dram_bytes_per_us).max(flops as f64 / m.flops_per_us);
-                Cost { est_us: busy + m.launch_us, dram_bytes: io, l2_bytes: 0, flops, launches: 1, shared_memory: 0 }
+                // Its first loads wait one DRAM round trip, as a customized kernel's do.
+                let est_us = busy + m.launch_us + m.dram_latency_us;
+                Cost { est_us, dram_bytes: io, l2_bytes: 0, flops, launches: 1, shared_memory: 0 }
             }
         };
         out.push((i, c));

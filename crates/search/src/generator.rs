@@ -146,6 +146,8 @@ struct PlanInput {
     imap: [i64; 3],
     fmap: i64,
     tile: Shape,
+    /// The block input's dims: the device tensor's, with leading 1s up to the block's rank.
+    dims: Vec<usize>,
 }
 
 /// A configuration: launch parameters and the maps of every input.
@@ -421,6 +423,9 @@ fn plan_inputs(
     frange: usize,
 ) -> Option<Vec<PlanInput>> {
     let mut out = Vec::with_capacity(inputs.len());
+    // Inputs of a lower rank than the others (an rms_norm weight `[k]` beside `[m, k]` tiles)
+    // are read as tiles of the highest rank with leading 1s, so that element-wise ops pair them.
+    let rank = inputs.iter().map(|t| t.dims.len()).max().unwrap_or(0);
     let single = |t: &TensorInfo, l: Label| -> Result<Option<usize>, ()> {
         let mut pos = t.labels.iter().enumerate().filter(|(_, &x)| x == l).map(|(d, _)| d);
         let first = pos.next();
@@ -452,13 +457,18 @@ fn plan_inputs(
                 fmap = d as i64;
             }
         }
+        let lift = rank - t.dims.len();
+        let pad = |v: &[usize]| [vec![1; lift], v.to_vec()].concat();
+        let labels = [vec![Label::Unit; lift], t.labels.clone()].concat();
+        let shift = |m: i64| if m >= 0 { m + lift as i64 } else { m };
+        let (imap, fmap) = (imap.map(shift), shift(fmap));
         if env.cfg.imaps.as_ref().is_some_and(|list| !list.contains(&imap)) {
             return None;
         }
         if env.cfg.fmaps.as_ref().is_some_and(|list| !list.contains(&fmap)) {
             return None;
         }
-        out.push(PlanInput { imap, fmap, tile: Shape::new(&tile, &t.labels)? });
+        out.push(PlanInput { imap, fmap, tile: Shape::new(&pad(&tile), &labels)?, dims: pad(&t.dims) });
     }
     Some(out)
 }
@@ -883,7 +893,7 @@ impl<'a> Dfs<'a> {
         let p = self.plan;
         let mut bg = BlockGraph::new(p.grid, p.block, p.frange, p.dimx).ok()?;
         for (pi, t) in p.inputs.iter().zip(self.inputs) {
-            bg.new_input(&t.dims, t.dtype, pi.imap, pi.fmap).ok()?;
+            bg.new_input(&pi.dims, t.dtype, pi.imap, pi.fmap).ok()?;
         }
         for s in &st.steps {
             let (a, b) = (s.a as usize, s.b as usize);

@@ -255,7 +255,15 @@ pub fn propagate(g: &KernelGraph, inputs: &[Vec<Label>]) -> Result<GraphLabels> 
                 x
             }
             KernelOpKind::Customized { graph } => {
-                let ins: Vec<Vec<Label>> = (0..op.inputs.len()).map(l).collect();
+                // A block input declared with leading 1s (a lifted rank) gets unit labels there.
+                let ins: Vec<Vec<Label>> = (0..op.inputs.len())
+                    .zip(graph.input_ops())
+                    .map(|(i, bop)| {
+                        let rank = bop.outputs.first().map_or(0, |&o| graph.tensors[o].dims.len());
+                        let x = l(i);
+                        [vec![Label::Unit; rank.saturating_sub(x.len())], x].concat()
+                    })
+                    .collect();
                 let mut bt: Vec<Vec<Label>> = vec![Vec::new(); graph.tensors.len()];
                 let (mut axis, mut loop_label) = ([None; 3], None);
                 let mut k = 0;

@@ -8,7 +8,7 @@
 //! use of `E` is *row-linear*: `matmul(·, X)` with `X` independent of `E`, `reduction` over the last
 //! dim, `mul` / `div` by tensors independent of `E`, ending in `forloop_accum` (`None` or `"sum"`);
 //! after the loop the accumulated values may be divided by each other (the ratio is free of the
-//! scale), multiplied / divided by `E`-free tensors, or saved. Every such tensor keeps the row
+//! scale; without a loop, also by a row-linear value not accumulated), multiplied / divided by `E`-free tensors, or saved. Every such tensor keeps the row
 //! dims of `A` (all but its last dim), so one factor `exp(-max)` per row scales all of them.
 //! The kernel is rebuilt with `(M, D) = reduction_max(A, last dim)`, `E' = exp(A - M)`,
 //! `s = exp(D)` and each accumulator replaced by `forloop_accum_rescale(·, s, same kind)`. When
@@ -205,6 +205,9 @@ fn classify(bg: &BlockGraph, exp_op: usize) -> Option<(Vec<Cls>, Partials)> {
                 (BlockOpKind::Binary { op: Mul }, [Acc, Free] | [Free, Acc]) => Acc,
                 (BlockOpKind::Binary { op: Div }, [Acc, Free]) => Acc,
                 (BlockOpKind::Binary { op: Div }, [Acc, Acc]) => Free,
+                // Without a loop, an in-loop value and an accumulated one carry the same
+                // factor exp(-max): their ratio is free of it.
+                (BlockOpKind::Binary { op: Div }, [Scaled, Acc] | [Acc, Scaled]) if bg.forloop_range == 1 => Free,
                 (BlockOpKind::Output { omap, forloop_dim: -1 }, [c @ (Acc | Scaled)]) => {
                     let t = bg.tensor(op.inputs[0]).ok()?;
                     // Saving an in-loop value is only the identity accumulation for one iteration.
@@ -277,7 +280,20 @@ fn rewrite_kernel1_at(bg: &BlockGraph, exp_op: usize) -> Option<Kernel1> {
                     nb.new_output(x, *om, *forloop_dim).ok()?;
                     vec![]
                 }
-                kind => nb.replay(kind, &ins).ok()?,
+                kind => {
+                    // A row-linear value divided by (or dividing) an accumulated one in a loop of
+                    // one iteration: accumulated first (the identity), so both leave the loop.
+                    let mut ins = ins;
+                    let meets_acc = op.inputs.iter().any(|&t| cls[t] == Cls::AccScaled);
+                    if meets_acc && bg.forloop_range == 1 {
+                        for (x, &t) in ins.iter_mut().zip(&op.inputs) {
+                            if cls[t] == Cls::Scaled {
+                                *x = nb.forloop_accum_rescale(*x, online?.1, Accum::None).ok()?;
+                            }
+                        }
+                    }
+                    nb.replay(kind, &ins).ok()?
+                }
             }
         };
         if outs.len() != op.outputs.len() {

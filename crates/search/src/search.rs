@@ -149,6 +149,9 @@ impl KState {
 struct Ctx<'a> {
     env: Env<'a>,
     targets: Vec<TensorInfo>,
+    /// Whether kernel steps may also be the row ops and `sub` / `pow` as predefined kernels
+    /// (the second pass, when the first finds no µGraph).
+    row_ops: bool,
 }
 
 /// Searches µGraphs equivalent to `reference` (a program of predefined ops with marked
@@ -237,7 +240,7 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig, start: std::time::Instant) -
     };
     let inputs: Vec<TensorInfo> = in_ids.iter().zip(oracle.inputs()).map(|(&t, &c)| info(t, c)).collect();
     let targets: Vec<TensorInfo> = out_ids.iter().zip(oracle.targets()).map(|(&t, &c)| info(t, Some(c))).collect();
-    let ctx = Ctx { env, targets };
+    let mut ctx = Ctx { env, targets, row_ops: false };
 
     let n_final = count_plans(&ctx.env, &inputs, Mode::Final(&ctx.targets));
     let n_inter = count_plans(&ctx.env, &inputs, Mode::Intermediate);
@@ -268,6 +271,19 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig, start: std::time::Instant) -
         ctl.report(true);
         specs.extend(kernel_search(&ctx, &start, depth));
         explored = depth;
+    }
+    // Nothing found: again with every op of the reference allowed as a kernel of its own, so
+    // that what no block graph holds runs by itself while the rest is still searched.
+    if specs.is_empty() && !ctl.stopped() {
+        ctx.row_ops = true;
+        for depth in 1..=cfg.max_kernel_ops {
+            if ctl.stopped() {
+                break;
+            }
+            ctl.kernel_ops.store(depth, Relaxed);
+            ctl.report(true);
+            specs.extend(kernel_search(&ctx, &start, depth));
+        }
     }
     ctl.report(true);
 
@@ -470,9 +486,41 @@ fn predefined_ops(ctx: &Ctx<'_>, state: &KState) -> Vec<(KernelOpKind, Vec<usize
                     }
                 }
                 if a != b {
-                    emit(KernelOpKind::Binary { op: BinaryOp::Div }, vec![a, b], dims, labels);
+                    emit(KernelOpKind::Binary { op: BinaryOp::Div }, vec![a, b], dims.clone(), labels.clone());
+                }
+                if a != b && ctx.row_ops {
+                    for op in [BinaryOp::Sub, BinaryOp::Pow] {
+                        emit(KernelOpKind::Binary { op }, vec![a, b], dims.clone(), labels.clone());
+                    }
                 }
             }
+            // rms_norm over the last dim with a weight of that dim.
+            let r = x.dims.len();
+            if ctx.row_ops
+                && r >= 1
+                && a != b
+                && y.dims.len() == 1
+                && y.dims[0] == x.dims[r - 1]
+                && y.labels[0] == x.labels[r - 1]
+            {
+                emit(KernelOpKind::RmsNorm { normalized_ndims: 1 }, vec![a, b], x.dims.clone(), x.labels.clone());
+            }
+        }
+        // The reference's row ops as kernels of their own: what the block graphs cannot hold
+        // still has a plan.
+        let x = t(a);
+        if !ctx.row_ops {
+            continue;
+        }
+        if !x.dims.is_empty() {
+            emit(KernelOpKind::RmsNorm { normalized_ndims: 1 }, vec![a], x.dims.clone(), x.labels.clone());
+        }
+        for dim in 0..x.dims.len() {
+            emit(KernelOpKind::Softmax { dim }, vec![a], x.dims.clone(), x.labels.clone());
+            let (mut dims, mut labels) = (x.dims.clone(), x.labels.clone());
+            dims[dim] = 1;
+            labels[dim] = Label::Unit;
+            emit(KernelOpKind::Reduction { dim }, vec![a], dims, labels);
         }
     }
     out
@@ -609,6 +657,13 @@ fn build_graph(reference: &KernelGraph, ctx: &Ctx<'_>, steps: &[KStep], choice: 
                 KernelOpKind::Matmul => g.matmul(inputs[0], inputs[1])?,
                 KernelOpKind::Unary { op } => g.unary(*op, inputs[0])?,
                 KernelOpKind::Binary { op } => g.binary(*op, inputs[0], inputs[1])?,
+                KernelOpKind::Reduction { dim } => g.reduction(inputs[0], *dim as i64)?,
+                KernelOpKind::Softmax { dim } => g.softmax(inputs[0], *dim as i64)?,
+                KernelOpKind::RmsNorm { .. } => {
+                    let d = &g.tensor(inputs[0])?.dims;
+                    let last = d[d.len() - 1..].to_vec();
+                    g.rms_norm(inputs[0], &last, inputs.get(1).copied())?
+                }
                 other => {
                     return Err(SearchError::Unsupported {
                         op: other.name().into(),

@@ -315,6 +315,9 @@ pub fn run_region_with<S: Scalar, I: Source<S> + ?Sized>(
         };
         for (&t, r) in op.inputs.iter().zip(in_need) {
             if let Some(r) = r {
+                // A block input that lifts the tensor's rank (leading 1s) demands its trailing dims.
+                let lift = r.start.len().saturating_sub(g.tensors[t].dims.len());
+                let r = Region { start: r.start[lift..].to_vec(), end: r.end[lift..].to_vec() };
                 hull_into(&mut need[t], r);
             }
         }
@@ -341,8 +344,23 @@ pub fn run_region_with<S: Scalar, I: Source<S> + ?Sized>(
         let part = |t: usize| vals[t].as_ref().expect("operands are computed before use");
         let results: Vec<Option<Part<S>>> = match &op.kind {
             KernelOpKind::Customized { graph } => {
-                // An input no demanded output depends on was never computed.
-                let ins: Vec<Option<&Part<S>>> = op.inputs.iter().map(|&t| vals[t].as_ref()).collect();
+                // An input no demanded output depends on was never computed. A block input
+                // declared with leading 1s sees the part with those dims added.
+                let lifted: Vec<Option<Part<S>>> = op
+                    .inputs
+                    .iter()
+                    .zip(graph.input_ops())
+                    .map(|(&t, bop)| {
+                        let rank = bop.outputs.first().map_or(0, |&o| graph.tensors[o].dims.len());
+                        let p = vals[t].as_ref()?;
+                        let lift = rank.checked_sub(p.t.dims.len()).filter(|&l| l > 0)?;
+                        let pad = |v: &[usize], x: usize| [vec![x; lift], v.to_vec()].concat();
+                        let region = Region { start: pad(&p.region.start, 0), end: pad(&p.region.end, 1) };
+                        Some(Part { region, t: Tensor { dims: pad(&p.t.dims, 1), data: p.t.data.clone() } })
+                    })
+                    .collect();
+                let ins: Vec<Option<&Part<S>>> =
+                    op.inputs.iter().zip(&lifted).map(|(&t, l)| l.as_ref().or(vals[t].as_ref())).collect();
                 let out_need: Vec<Option<Region>> = op.outputs.iter().map(|&t| need[t].clone()).collect();
                 let outs = run_customized(graph, &plans[i], &ins, &out_need, cancel);
                 cancel.check()?;

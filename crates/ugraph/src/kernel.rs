@@ -274,11 +274,11 @@ impl KernelGraph {
         }
         for (i, (&t, (dims, dtype))) in inputs.iter().zip(&declared).enumerate() {
             let dt = self.tensor(t)?;
-            if &dt.dims != dims || dt.dtype != *dtype {
+            if lifted_rank(dims, &dt.dims).is_none() || dt.dtype != *dtype {
                 return shape_err(
                     op,
                     format!(
-                        "input {i} has dims {:?} and dtype {} but the threadblock graph's input {i} was declared with dims {dims:?} and dtype {}",
+                        "input {i} has dims {:?} and dtype {} but the threadblock graph's input {i} was declared with dims {dims:?} (the same dims, or them with leading 1s) and dtype {}",
                         dt.dims,
                         dt.dtype.name(),
                         dtype.name()
@@ -457,4 +457,12 @@ impl BlockGraph {
         }
         Ok(b)
     }
+}
+
+/// How many leading 1s a customized op's block input of `block_dims` adds to the device tensor
+/// of `dims` it reads (a view of the same memory, e.g. a `[k]` weight read as a `[1, k]` tile
+/// source); None when `block_dims` is not `dims` with leading 1s.
+pub fn lifted_rank(block_dims: &[usize], dims: &[usize]) -> Option<usize> {
+    let p = block_dims.len().checked_sub(dims.len())?;
+    (block_dims[..p].iter().all(|&d| d == 1) && block_dims[p..] == *dims).then_some(p)
 }

@@ -47,7 +47,7 @@ pub use error::{Error, Result};
 pub use hash::graph_hash;
 pub use interp::{random_inputs, run, run_region, run_region_with, run_with, Region, Source};
 pub use json::{from_json, to_json, FORMAT_VERSION};
-pub use kernel::{DTensor, KernelGraph, KernelOp, KernelOpKind, Output, TensorId};
+pub use kernel::{lifted_rank, DTensor, KernelGraph, KernelOp, KernelOpKind, Output, TensorId};
 pub use ops::{Accum, BinaryOp, UnaryOp};
 pub use registry::{Lax, UnaryDef, UNARY_OPS};
 pub use scalar::Scalar;

@@ -1,5 +1,5 @@
-// mirage runtime, part of the header every generated source inlines (after
-// mirage_runtime.cuh and the parts listed before this one in codegen's generate.rs).
+// mirage runtime, a part of the header a generated source inlines where its kernels use it
+// (after mirage_runtime.cuh and the parts this one needs: codegen's runtime.rs).
 // Warp specialisation: a producer warpgroup that fills pipeline stages behind mbarriers
 // for consumer warpgroups.
 
@@ -12,25 +12,6 @@ namespace mi {
 // (one arrival a consumer warp) once their tensor-core reads of it are done. No block-wide
 // barrier in the loop: each warpgroup runs at its own pace. Named barrier 1 syncs the
 // consumers alone (the producer leaves after its loop).
-__device__ __forceinline__ void mbar_init(unsigned long long* b, unsigned count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(b)), "r"(count) : "memory");
-#endif
-}
-// Waits until the phase of parity `parity` of mbarrier `b` has completed.
-__device__ __forceinline__ void mbar_wait(unsigned long long* b, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred p;\nMI_WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra MI_WAIT_%=;\n}\n" ::"r"((unsigned)__cvta_generic_to_shared(b)), "r"(parity) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(unsigned long long* b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"((unsigned)__cvta_generic_to_shared(b)) : "memory");
-#endif
-}
 // An arrival on `b` once every cp.async this thread issued so far has landed (counted in the
 // barrier's expected arrivals).
 __device__ __forceinline__ void cp_async_mbar_arrive(unsigned long long* b) {

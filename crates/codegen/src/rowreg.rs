@@ -16,6 +16,7 @@ use crate::block_kernel::{tile_base, Emitted};
 use crate::emit::{binary_expr, dev_offset, flit, kernel_open, kernel_params, numel, unary_expr, wl};
 use crate::error::Result;
 use crate::program::{BufferRef, DevBuffer};
+use crate::runtime::{Part, Parts};
 
 /// Most elements of one tile a thread holds in registers.
 const MAX_PER_THREAD: usize = 64;
@@ -234,5 +235,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
         }
     }
     wl!(s, "}}");
-    Ok(Some(Emitted { source: s, smem_bytes: 0, cluster: [1; 3], extra_threads: 0 }))
+    // Loads, stores and warp sums of `reductions.cuh`.
+    let parts = Parts::of(&[Part::Reductions]);
+    Ok(Some(Emitted { source: s, smem_bytes: 0, cluster: [1; 3], extra_threads: 0, parts }))
 }

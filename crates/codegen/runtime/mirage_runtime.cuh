@@ -223,6 +223,7 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // --------------------------------------------------------- element-wise ops
 // Accurate (not fast-math) fp32 versions: they match the interpreter's f32 semantics.
+// (Add, sub, mul and div are written as operators; binary ops call op_pow only.)
 __device__ __forceinline__ float op_exp(float x) { return expf(x); }
 __device__ __forceinline__ float op_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float op_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f)); }
@@ -231,12 +232,7 @@ __device__ __forceinline__ float op_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ float op_square(float x) { return x * x; }
 __device__ __forceinline__ float op_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ float op_clamp(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
-__device__ __forceinline__ float op_add(float a, float b) { return a + b; }
-__device__ __forceinline__ float op_sub(float a, float b) { return a - b; }
-__device__ __forceinline__ float op_mul(float a, float b) { return a * b; }
-__device__ __forceinline__ float op_div(float a, float b) { return a / b; }
 __device__ __forceinline__ float op_pow(float a, float b) { return powf(a, b); }
-__device__ __forceinline__ float op_max(float a, float b) { return fmaxf(a, b); }
 
 // ---------------------------------------------- L2 policies and synchronisation
 // An L2 cache policy (createpolicy): lines read once go first (LAST false), lines read again

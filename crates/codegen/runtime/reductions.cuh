@@ -47,7 +47,6 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
 }
 
 __device__ __forceinline__ float warp_sum(float v) { return warp_reduce<SumOp>(v); }
-__device__ __forceinline__ float warp_max(float v) { return warp_reduce<MaxOp>(v); }
 template <int NT>
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<NT, SumOp>(v, scratch); }
 template <int NT>

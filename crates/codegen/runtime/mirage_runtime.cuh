@@ -258,14 +258,26 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
-// Barrier over the block's first N threads (named barrier 1: the consumers of a warp-specialised
-// block, `FlashWG::run_ws`).
+// The named barriers (bar.sync ids) a generated block uses, each for one purpose (codegen's
+// runtime.rs has the same ids as `NamedBarrier`).
+enum class NamedBarrier : int {
+  // __syncthreads: every thread of the block.
+  Block = 0,
+  // The consumer threads of a warp-specialised block (`FlashWG::run_ws`), after the producer
+  // warpgroup has left: `bar_sync_n`.
+  Consumers = 1,
+  // The first of the warpgroups' turns of the ping-pong wgmma issue (`FlashWG::run_ws`):
+  // warpgroup w waits on Turns + w (w < 3).
+  Turns = 8,
+};
+
+// Barrier over the block's first N threads (`NamedBarrier::Consumers`).
 template <int N>
 __device__ __forceinline__ void bar_sync_n() {
-  asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory");
+  asm volatile("bar.sync %0, %1;" ::"n"(static_cast<int>(NamedBarrier::Consumers)), "n"(N) : "memory");
 }
 // Barrier `id` (chosen at run time) over N threads: a warpgroup's turn in a warp-specialised
-// block (named barriers 8 on, `FlashWG::run_ws`).
+// block (`NamedBarrier::Turns` + its index, `FlashWG::run_ws`).
 template <int N>
 __device__ __forceinline__ void bar_sync_id(int id) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(N) : "memory");

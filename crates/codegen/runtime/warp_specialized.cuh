@@ -429,12 +429,13 @@ struct FlashWG {
   // (bench timing, saved winners): MQA b=8 24.6-24.8 -> 23.1-23.4 us, GQA b=16 24.4-24.6 ->
   // 23.6-24.0, MQA b=16 40.6-40.9 -> 40.1-40.4, GQA b=8 15.4-15.7 -> 15.1-15.4, QK-norm b=8
   // (three warpgroups) 19.2-19.5 -> 19.0-19.1.
-  static constexpr int PP_BAR = 8;
+  static constexpr int PP_BAR = static_cast<int>(NamedBarrier::Turns);
   template <int STAGES, bool VN = false, bool SPLITV = false, bool QN = false>
   __device__ __forceinline__ void run_ws(const TQ* Q, const T* Kst, const T* Vst, int kel, int vel,
                                          unsigned long long* full, unsigned long long* empty, int iters,
                                          T* rs = nullptr, unsigned long long* vfull = nullptr) {
     static_assert(QSS && (KS == 1 || ILV) && RG == 1 && BATCH == 1, "run_ws: one row group, slices by stage");
+    static_assert(PP_BAR + NWG <= 16, "run_ws: a turn barrier a warpgroup, within the 16 named barriers");
     static_assert(!VN || NK == 128 || NK == 64, "run_ws: V factors of 64- or 128-key steps");
     static_assert(!(VN && SPLITV), "run_ws: V marked full apart only without V factors");
     static_assert(!VN || NWG > 1, "run_ws: V factors behind the warpgroups' turns (ping-pong)");
@@ -604,7 +605,8 @@ struct FlashWG {
   // cluster barrier before the saves makes sure every block of the cluster has left its loop
   // and started (its shared memory may then be written); the one after them publishes the
   // saves to their readers.
-  // With WS (after `run_ws`) the slices' barriers are the consumers' own (named barrier 1):
+  // With WS (after `run_ws`) the slices' barriers are the consumers' own
+  // (`NamedBarrier::Consumers`):
   // the producer warpgroup has left.
   // With HALVES (a cluster of two over one group of 64 rows), each block finishes half the
   // rows instead: the slice-0 warps of rows 32 h to 32 h + 31 (h = row0 / 32) save into block

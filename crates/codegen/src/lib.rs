@@ -57,5 +57,5 @@ pub use generate::{generate, Options, WsWarpgroups};
 pub use mirage_ugraph::Target;
 pub use program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};
 pub use resources::{KernelResources, PtxasReport};
-pub use runtime::{Part, Parts, RUNTIME_HEADER};
+pub use runtime::{NamedBarrier, Part, Parts, RUNTIME_HEADER};
 pub use sass::KernelSass;

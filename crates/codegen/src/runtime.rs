@@ -66,6 +66,30 @@ impl Part {
     }
 }
 
+/// The named barriers (`bar.sync` ids) of a generated block, each with one purpose: the
+/// common part's `mi::NamedBarrier` has the same ids (a test compares them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NamedBarrier {
+    /// `__syncthreads`: every thread of the block.
+    Block = 0,
+    /// The consumer threads of a warp-specialised block after its producer has left
+    /// (`mi::bar_sync_n`, which `Ctx::sync` emits there).
+    Consumers = 1,
+    /// The first warpgroup's turn of the ping-pong wgmma issue; warpgroup `w` takes
+    /// `Turns + w`.
+    Turns = 8,
+}
+
+impl NamedBarrier {
+    /// Every named barrier.
+    pub const ALL: [NamedBarrier; 3] = [NamedBarrier::Block, NamedBarrier::Consumers, NamedBarrier::Turns];
+
+    /// The barrier's `bar.sync` id.
+    pub fn id(self) -> u32 {
+        self as u32
+    }
+}
+
 /// A set of runtime parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Parts(u8);
@@ -251,6 +275,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The header's `enum class NamedBarrier` has [`NamedBarrier`]'s names and ids.
+    #[test]
+    fn named_barriers_match_the_header() {
+        let text = Part::Common.text();
+        let start = text.find("enum class NamedBarrier").expect("the header's enum");
+        let body = &text[start..start + text[start..].find("};").expect("its end")];
+        let mut ids: Vec<(String, u32)> = Vec::new();
+        for line in body.lines().map(str::trim).filter(|l| !l.starts_with("//") && l.contains(" = ")) {
+            let (name, id) = line.trim_end_matches(',').split_once(" = ").expect("name = id");
+            ids.push((name.to_string(), id.parse().expect("a number")));
+        }
+        let rust: Vec<(String, u32)> = NamedBarrier::ALL.iter().map(|b| (format!("{b:?}"), b.id())).collect();
+        assert_eq!(ids, rust);
     }
 
     #[test]

@@ -78,7 +78,7 @@ impl Ctx<'_> {
     }
 
     /// A barrier over the block's threads that run the kernel's steps (the consumers only in
-    /// the warp-specialised form, whose producer has left by then).
+    /// the warp-specialised form, whose producer has left by then: `NamedBarrier::Consumers`).
     pub(super) fn sync(&self) -> &'static str {
         if self.ws.is_some() {
             "mi::bar_sync_n<NT>();"

@@ -154,6 +154,24 @@ fn plain_output(bg: &BlockGraph, k: usize) -> bool {
     true
 }
 
+/// Liveness: whether some output of `g` (`output_ids`) depends on each op.
+fn needed_ops(g: &KernelGraph, output_ids: &[TensorId]) -> Vec<bool> {
+    let mut tneed = vec![false; g.tensors.len()];
+    for &t in output_ids {
+        tneed[t] = true;
+    }
+    let mut opneed = vec![false; g.ops.len()];
+    for (i, op) in g.ops.iter().enumerate().rev() {
+        if op.outputs.iter().any(|&t| tneed[t]) {
+            opneed[i] = true;
+            for &t in &op.inputs {
+                tneed[t] = true;
+            }
+        }
+    }
+    opneed
+}
+
 /// Generates the CUDA program of `g`.
 ///
 /// Graph inputs and outputs keep their dtypes and layouts; intermediate tensors between
@@ -210,20 +228,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
             });
         }
     }
-    // Liveness: ops some output depends on.
-    let mut tneed = vec![false; n_t];
-    for &t in &output_ids {
-        tneed[t] = true;
-    }
-    let mut opneed = vec![false; g.ops.len()];
-    for (i, op) in g.ops.iter().enumerate().rev() {
-        if op.outputs.iter().any(|&t| tneed[t]) {
-            opneed[i] = true;
-            for &t in &op.inputs {
-                tneed[t] = true;
-            }
-        }
-    }
+    let opneed = needed_ops(&g, &output_ids);
     let mut workspace = 0usize;
     for (i, op) in g.ops.iter().enumerate() {
         if !opneed[i] {

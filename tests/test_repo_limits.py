@@ -22,7 +22,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDERS = ("crates", "python", "benches", "tests", "examples")
 EXTENSIONS = (".rs", ".py", ".cuh", ".cu")
-SKIP_DIRS = {"target", "__pycache__", ".venv", ".site", "node_modules", ".git"}
+#: Folders not scanned: build outputs, and golden sources (generated kernels, compared whole).
+SKIP_DIRS = {"target", "__pycache__", ".venv", ".site", "node_modules", ".git", "golden"}
 MAX_FILE_LINES = 1500
 MAX_FUNCTION_LINES = 200
 

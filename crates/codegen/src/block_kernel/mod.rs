@@ -26,6 +26,8 @@ mod layout;
 mod load;
 mod merge;
 pub(crate) mod plan;
+#[cfg(test)]
+mod plan_tests;
 mod schedule;
 mod smem;
 mod step;

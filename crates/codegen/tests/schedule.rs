@@ -266,3 +266,25 @@ fn warpgroup_products_run_beside_the_iterations_other_steps() {
     let body = loop_body(&src);
     assert!(body.contains(".step(t0, t1);") && !body.contains(".issue(") && !body.contains(".wait()"), "{body}");
 }
+
+#[test]
+fn an_epilogue_reads_whole_rows_16_bytes_at_a_time_and_a_row_divisor_once() {
+    // acc / rms over [32, 32] tiles, eight elements a thread: the accumulator tile is read as
+    // two float4, the row's rms once, and the division multiplies by its reciprocal.
+    let pair = zoo::rmsnorm_linear(32, 4096, 4096, 128, 16, DType::Float16).expect("zoo");
+    let src = kernel_source(&pair.ugraph);
+    let epi = &src[src.find("// fused element-wise -> output 0").expect("the epilogue")..];
+    assert!(epi.contains("float x0[8];\n      mi::load_f32_n<8>(x0, t"), "{epi}");
+    assert!(epi.contains("const float x1_rcp = 1.0f / x1;"), "{epi}");
+    assert!(epi.contains("(r0 * x1_rcp)") && !epi.contains(" / r1"), "{epi}");
+}
+
+#[test]
+fn rms_norms_of_staged_16_bit_tiles_keep_rows_in_registers() {
+    // QK-norm attention op by op: V's norm in the loop reads, scales and writes whole 16-bit
+    // rows 16 bytes at a time, not element by element.
+    let src = kernel_source(&zoo::attention(attn(), true, DType::Float16).expect("zoo").ugraph);
+    let body = loop_body(&src);
+    assert!(body.contains("mi::rms_norm_rows_vec<NT, 64, 64, 72, 72, mi::f16>("), "{body}");
+    assert!(!body.contains("mi::rms_norm_rows<"), "{body}");
+}

@@ -11,7 +11,7 @@ import shutil
 import mirage as mi
 import numpy as np
 import pytest
-from conftest import nvrtc_or_skip
+from conftest import gpu_script, nvrtc_or_skip
 from mirage import _core, _cuda
 from test_serialization import GRAPHS as SUITE_GRAPHS
 
@@ -33,15 +33,16 @@ def _compile(g: mi.KNGraph, name: str) -> None:
         assert cubin[:4] == b"\x7fELF", f"{name}: sm_{arch}: not a CUBIN"
 
 
-PAPER = [name for name, _, _ in _core.zoo_paper_workloads(1)]
+ZOO = gpu_script("zoo")
+PAPER = [name for name, _, _ in ZOO.paper_workloads(1)]
 
 
 @pytest.mark.parametrize("name", PAPER)
 def test_paper_workloads_compile(name):
-    for n, ref, ug in _core.zoo_paper_workloads(1):
+    for n, ref, ug in ZOO.paper_workloads(1):
         if n == name:
-            _compile(mi.from_json(ug), f"{n}/ugraph")
-            _compile(mi.from_json(ref), f"{n}/reference")
+            _compile(ug, f"{n}/ugraph")
+            _compile(ref, f"{n}/reference")
 
 
 ZOO_SMALL = [
@@ -58,9 +59,9 @@ ZOO_SMALL = [
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("name,params", ZOO_SMALL)
 def test_zoo_dtypes_compile(name, params, dtype):
-    ref, ug = _core.zoo_json(name, dtype, params)
-    _compile(mi.from_json(ug), f"{name}/{dtype}/ugraph")
-    _compile(mi.from_json(ref), f"{name}/{dtype}/reference")
+    ref, ug = ZOO.pair(name, dtype, params)
+    _compile(ug, f"{name}/{dtype}/ugraph")
+    _compile(ref, f"{name}/{dtype}/reference")
 
 
 @pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16, mi.float32])
@@ -179,8 +180,7 @@ def test_codegen_settings_from_the_environment_are_checked(monkeypatch, var, goo
 def test_weight_tiles_read_once_carry_the_l2_policy_unless_turned_off(monkeypatch):
     # The zoo's fused RMSNorm + Linear (grid over W's columns, a loop over K): W's tiles are
     # each block's own (evict_first), X's are shared by all blocks (plain copies).
-    _, ug = _core.zoo_json("rmsnorm_linear", "float16", [32, 512, 512, 8, 4])
-    best = mi.from_json(ug)
+    _, best = ZOO.pair("rmsnorm_linear", "float16", [32, 512, 512, 8, 4])
     src = best.cuda_source(90)
     assert "mi::cp_async16_pol(" in src and "mi::l2_policy<false>()" in src
     assert "mi::cp_async16(" in src.split("generated kernels")[1]

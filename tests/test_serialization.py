@@ -8,7 +8,7 @@ import sys
 import mirage as mi
 import numpy as np
 import pytest
-from conftest import randn, uniform
+from conftest import gpu_script, randn, uniform
 from test_ugraphs import GRAPHS as UGRAPHS
 
 F32 = mi.float32
@@ -265,10 +265,7 @@ def _twin_with(rows: int, key: str, value: object) -> tuple[mi.KNGraph, dict]:
     """RMSNorm+Linear (`rows` rows, 1024 x 512) and its JSON with `key` set to `value` on its
     block graphs (checked absent before): the twin must round-trip through JSON, hash apart
     from the original and compute the same values. Returns (original, twin's JSON)."""
-    from mirage import _core
-
-    _, ug = _core.zoo_json("rmsnorm_linear", "float16", [rows, 1024, 512, 8, 4])
-    g = mi.from_json(ug)
+    _, g = gpu_script("zoo").pair("rmsnorm_linear", "float16", [rows, 1024, 512, 8, 4])
     data = json.loads(g.to_json())
     for op in data["graph"]["ops"]:
         if op["kind"]["kind"] == "customized":

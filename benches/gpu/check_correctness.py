@@ -24,7 +24,10 @@ from typing import Any
 
 import mirage as mi
 import torch
-from mirage import _core, _cuda
+from mirage import _cuda
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import zoo as zoo_fixtures
 
 TOL = {"float16": 1e-2, "bfloat16": 1e-2, "float32": 1e-4}
 Ref = Callable[[list[torch.Tensor]], torch.Tensor]
@@ -56,8 +59,8 @@ REFS: dict[str, Ref] = {
 
 
 def zoo(name: str, dtype: str, params: list[int]) -> tuple[mi.KNGraph, mi.KNGraph]:
-    ref, ug = _core.zoo_json(name, dtype, params)
-    return mi.from_json(ref), mi.from_json(ug)
+    """``(reference, µGraph)`` of a zoo workload (``zoo.py`` beside this script)."""
+    return zoo_fixtures.pair(name, dtype, params)
 
 
 def inputs_for(

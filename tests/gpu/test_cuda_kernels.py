@@ -10,6 +10,7 @@ import math
 import mirage as mi
 import pytest
 import torch
+from conftest import gpu_script
 from mirage import _core, _cuda
 
 pytestmark = pytest.mark.gpu
@@ -86,9 +87,12 @@ def test_big_softmax_and_reduction(dtype):
     check(g, dtype, scale=3.0)
 
 
+#: The zoo's workloads (``benches/gpu/zoo.py``).
+ZOO = gpu_script("zoo")
+
+
 def _zoo(name: str, dtype: str, params: list[int]) -> tuple[mi.KNGraph, mi.KNGraph]:
-    ref, ug = _core.zoo_json(name, dtype, params)
-    return mi.from_json(ref), mi.from_json(ug)
+    return ZOO.pair(name, dtype, params)
 
 
 ZOO = [
@@ -346,7 +350,7 @@ def _one_kernel_attention(
     """softmax(Q K) V in one kernel (the zoo's, the search's MQA form: only O / l leaves the
     loop; with `name` "qknorm_attention_one_kernel" Q and V normalised), its block of
     `threads` threads."""
-    _, ug = _core.zoo_json(name, dtype, dims)
+    _, ug = ZOO.pair_json(name, dtype, dims)
     doc = json.loads(ug)
     for op in doc.get("graph", doc)["ops"]:
         if op["kind"]["kind"] == "customized":

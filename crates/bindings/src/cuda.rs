@@ -8,13 +8,10 @@
 use std::path::PathBuf;
 
 use mirage::codegen::{generate, nvrtc, sass, Error, Executable, Options, Program};
-use mirage::zoo::{self, Attn};
-use mirage::DType;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::convert::parse_dtype;
 use crate::kernel::KernelGraph;
 
 fn to_py(e: Error) -> PyErr {
@@ -195,66 +192,6 @@ impl CudaExecutable {
     }
 }
 
-fn attn(p: &[usize]) -> PyResult<Attn> {
-    match *p {
-        [b, h, d, s, splits, frange] => Ok(Attn { b, h, d, s, splits, frange, qsplit: 1 }),
-        [b, h, d, s, splits, frange, qsplit] => Ok(Attn { b, h, d, s, splits, frange, qsplit }),
-        _ => Err(PyValueError::new_err(
-            "attention params: [b, h, d, s, splits, frange] or [b, h, d, s, splits, frange, qsplit]",
-        )),
-    }
-}
-
-/// `(reference JSON, µGraph JSON)` of a zoo workload: `rmsnorm_linear` / `gated_mlp`
-/// `[m, k, n, grid, frange]`, `lora` `[m, k, n, rank, grid, frange]`, `attention` /
-/// `qknorm_attention` / `attention_online` / `qnorm_attention_online` /
-/// `qknorm_attention_online` / `attention_one_kernel` `[b, h, d, s, splits, frange]` (or with
-/// `qsplit` after them), `ntrans` `[b, n]`.
-#[pyfunction]
-fn zoo_json(name: &str, dtype: &str, params: Vec<usize>) -> PyResult<(String, String)> {
-    let dt: DType = parse_dtype("zoo_json", dtype)?;
-    let p = &params;
-    let bad = || PyValueError::new_err(format!("zoo_json: wrong parameter count {} for {name}", p.len()));
-    let pair = match name {
-        "rmsnorm_linear" | "gated_mlp" => {
-            let [m, k, n, grid, fr] = p[..] else { return Err(bad()) };
-            if name == "gated_mlp" {
-                zoo::gated_mlp(m, k, n, grid, fr, dt)
-            } else {
-                zoo::rmsnorm_linear(m, k, n, grid, fr, dt)
-            }
-        }
-        "lora" => {
-            let [m, k, n, r, grid, fr] = p[..] else { return Err(bad()) };
-            zoo::lora(m, k, n, r, grid, fr, dt)
-        }
-        "attention" => zoo::attention(attn(p)?, false, dt),
-        "qknorm_attention" => zoo::attention(attn(p)?, true, dt),
-        "attention_online" => zoo::attention_online(attn(p)?, dt),
-        "attention_one_kernel" => zoo::attention_one_kernel(attn(p)?, dt),
-        "qknorm_attention_one_kernel" => zoo::qknorm_attention_one_kernel(attn(p)?, dt),
-        "qnorm_attention_online" => zoo::qnorm_attention_online(attn(p)?, dt),
-        "qknorm_attention_online" => zoo::qknorm_attention_online(attn(p)?, dt),
-        "ntrans" => {
-            let [b, n] = p[..] else { return Err(bad()) };
-            zoo::ntrans(b, n, dt)
-        }
-        _ => return Err(PyValueError::new_err(format!("zoo_json: unknown workload {name:?}"))),
-    }
-    .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok((mirage::json::to_json(&pair.reference), mirage::json::to_json(&pair.ugraph)))
-}
-
-/// `[(name, reference JSON, µGraph JSON)]` of every workload at the paper's shapes for batch `b`.
-#[pyfunction]
-fn zoo_paper_workloads(b: usize) -> PyResult<Vec<(String, String, String)>> {
-    let pairs = zoo::paper_workloads(b).map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(pairs
-        .into_iter()
-        .map(|p| (p.name, mirage::json::to_json(&p.reference), mirage::json::to_json(&p.ugraph)))
-        .collect())
-}
-
 /// Registers the CUDA functions and classes on the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CudaExecutable>()?;
@@ -266,7 +203,5 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nvrtc_clear_memory_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_resources, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_sass, m)?)?;
-    m.add_function(wrap_pyfunction!(zoo_json, m)?)?;
-    m.add_function(wrap_pyfunction!(zoo_paper_workloads, m)?)?;
     Ok(())
 }

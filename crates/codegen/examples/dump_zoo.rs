@@ -1,7 +1,7 @@
 //! Prints the generated CUDA (kernels only) and launch summary of a zoo workload:
 //! `cargo run -p mirage-codegen --example dump_zoo -- gqa 1`.
 
-use mirage_codegen::{generate, Options, RUNTIME_HEADER};
+use mirage_codegen::{generate, Options};
 use mirage_ugraph::zoo;
 
 fn main() {
@@ -21,7 +21,7 @@ fn main() {
             match generate(g, &Options::for_arch(90)) {
                 Ok(prog) => {
                     println!("==== {name} {what}: {}", prog.launch_summary());
-                    println!("{}", &prog.source[RUNTIME_HEADER.len()..]);
+                    println!("{}", prog.kernels_source());
                 }
                 Err(e) => println!("==== {name} {what}: error {e}"),
             }

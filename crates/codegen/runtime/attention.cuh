@@ -1,5 +1,5 @@
-// mirage runtime, part of the header every generated source inlines (after
-// mirage_runtime.cuh and the parts listed before this one in codegen's generate.rs).
+// mirage runtime, a part of the header a generated source inlines where its kernels use it
+// (after mirage_runtime.cuh and the parts this one needs: codegen's runtime.rs).
 // Register-resident attention: the online-softmax loop with scores and accumulators in
 // registers.
 
@@ -71,23 +71,6 @@ __device__ __forceinline__ unsigned mul_x2(unsigned a, unsigned b) {
   return d;
 }
 
-// Barrier over the block's first N threads (named barrier 1: the consumers of a warp-specialised
-// block, `FlashWG::run_ws`).
-template <int N>
-__device__ __forceinline__ void bar_sync_n() {
-  asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory");
-}
-// Barrier `id` (chosen at run time) over N threads: a warpgroup's turn in a warp-specialised
-// block (named barriers 8 on, `FlashWG::run_ws`).
-template <int N>
-__device__ __forceinline__ void bar_sync_id(int id) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(N) : "memory");
-}
-// Arrival (no wait) on barrier `id` of N threads: the other side of a `bar_sync_id`.
-template <int N>
-__device__ __forceinline__ void bar_arrive_id(int id) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(N) : "memory");
-}
 
 // The rows of a [ROWS][LEN] 16-bit tile normalised in place (x / sqrt(mean(x^2)) per row):
 // element (r, c) at tile_at<LD, SW>(r, c). Each warp takes 16 rows at a time as ldmatrix
@@ -468,161 +451,6 @@ struct FlashRows {
     }
   }
 };
-
-// Thread-block clusters (sm_90): this block's rank in its cluster; a barrier of every thread
-// of the cluster whose release / acquire makes shared-memory writes before it visible to the
-// cluster's blocks after it; the generic address of `p`'s shared-memory location in block
-// `rank` of the cluster (distributed shared memory).
-__device__ __forceinline__ unsigned cluster_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-#else
-  return 0;
-#endif
-}
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-// The same barrier without ordering memory (every thread's earlier reads are done; nothing
-// it wrote needs to be visible): no fence before the arrival.
-__device__ __forceinline__ void cluster_sync_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
-// This thread's arrival on the cluster barrier's current phase, releasing its writes, without
-// waiting: a warp-specialised producer's, as it leaves (its copies into shared memory that
-// other blocks' merges later overwrite are then ordered before them).
-__device__ __forceinline__ void cluster_arrive_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#endif
-}
-// The barrier's two halves apart, ordering nothing on arrival and acquiring on the wait: a
-// summing cluster split arrives at its start and waits before its merge (every block of the
-// cluster has started, so its shared memory may be written), then pushes (`cluster_push`).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-template <typename T>
-__device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned long long a;
-  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(a) : "l"(p), "r"(rank));
-  return reinterpret_cast<T*>(a);
-#else
-  return p;
-#endif
-}
-
-// Adds the n-float tile `t` (the same shared-memory offset in every block) of each of the CS
-// blocks of a thread-block cluster into the first block's: block r sums elements
-// [r, r + 1) * n / CS. Call between two `cluster_sync`s (every block's tile complete before,
-// none exits before every block is done reading).
-template <int NT, int CS>
-__device__ __forceinline__ void cluster_sum(float* t, int n) {
-  const int per = (n + CS - 1) / CS, lo = (int)cluster_rank() * per, hi = min(n, lo + per);
-  const float* src[CS];
-#pragma unroll
-  for (int r = 0; r < CS; ++r) src[r] = cluster_map(t, (unsigned)r);
-  float* const dst = cluster_map(t, 0u);
-  for (int i = lo + lin_tid(); i < hi; i += NT) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int r = 0; r < CS; ++r) acc += src[r][i];
-    dst[i] = acc;
-  }
-}
-
-// A summing cluster split's merge, pushed (`Step::ClusterMerge`): every block but the first
-// stores its n-float tile `t` into slot rank - 1 of the first block's receive area (`recv`: the
-// same shared-memory offset in every block, slots `slot` floats apart), arrives on the cluster
-// barrier (releasing the stores) and leaves; the first block waits there, then adds the slots
-// to its own tile in rank order (`cluster_gather`: the sums of the former two-barrier merge,
-// in the same order). No block reads another's shared memory, so none waits for the others to
-// leave. On the H200 the two-barrier merge (each block summing a slice from every block's
-// tile) took 1.5 us of RMSNorm+Linear b=16's 12.5 (globaltimer stamps).
-template <int NT>
-__device__ __forceinline__ void cluster_push(const float* t, float* recv, int slot, int n) {
-  float* const dst = cluster_map(recv + ((int)cluster_rank() - 1) * slot, 0u);
-  if (n % 4 == 0) {
-    for (int i = lin_tid() * 4; i < n; i += NT * 4)
-      *reinterpret_cast<float4*>(dst + i) = *reinterpret_cast<const float4*>(t + i);
-  } else {
-    for (int i = lin_tid(); i < n; i += NT) dst[i] = t[i];
-  }
-}
-// The pushed merge signalled on an mbarrier instead of the cluster barrier (`Knobs::async_push`):
-// every block but the first writes its tile into its slot of the first block's receive area
-// with `st.async`, each store completing its bytes on the first block's mbarrier `bar` (the
-// same shared-memory offset in every block), and leaves; the first block, having armed `bar`
-// with the bytes of every slot (`cluster_merge_arm`), waits on it alone. The data and the
-// signal travel together: no release fence, no cluster-wide barrier.
-template <int NT>
-__device__ __forceinline__ void cluster_push_async(const float* t, float* recv, int slot, int n, unsigned long long* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned dst, mb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"((unsigned)__cvta_generic_to_shared(recv + ((int)cluster_rank() - 1) * slot)), "r"(0u));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(mb) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(0u));
-  if (n % 4 == 0) {
-    for (int i = lin_tid() * 4; i < n; i += NT * 4) {
-      const float4 v = *reinterpret_cast<const float4*>(t + i);
-      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(dst + 4u * i), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(mb) : "memory");
-    }
-  } else {
-    for (int i = lin_tid(); i < n; i += NT)
-      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst + 4u * i), "f"(t[i]), "r"(mb) : "memory");
-  }
-#endif
-}
-// The first block's mbarrier of that merge, set up at the kernel's start by one thread before
-// its arrival on the cluster barrier's first phase (which the pushes wait for).
-__device__ __forceinline__ void cluster_merge_init(unsigned long long* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\nfence.mbarrier_init.release.cluster;" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
-#endif
-}
-// One thread of the first block arms the mbarrier with the bytes every other block sends.
-__device__ __forceinline__ void cluster_merge_arm(unsigned long long* bar, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
-#endif
-}
-template <int NT, int CS>
-__device__ __forceinline__ void cluster_gather(float* t, const float* recv, int slot, int n) {
-  if (n % 4 == 0) {
-    for (int i = lin_tid() * 4; i < n; i += NT * 4) {
-      float4 a = *reinterpret_cast<const float4*>(t + i);
-#pragma unroll
-      for (int r = 1; r < CS; ++r) {
-        const float4 b = *reinterpret_cast<const float4*>(recv + (r - 1) * slot + i);
-        a.x += b.x;
-        a.y += b.y;
-        a.z += b.z;
-        a.w += b.w;
-      }
-      *reinterpret_cast<float4*>(t + i) = a;
-    }
-  } else {
-    for (int i = lin_tid(); i < n; i += NT) {
-      float a = t[i];
-#pragma unroll
-      for (int r = 1; r < CS; ++r) a += recv[(r - 1) * slot + i];
-      t[i] = a;
-    }
-  }
-}
 
 template <int NT, int BATCH, int M, int D, int N, int DV, int LDQ, int LDK, int LDV, int RG, int KS, int CW,
           typename T, typename TQ, bool XMAX = true>

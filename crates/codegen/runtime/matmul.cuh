@@ -1,5 +1,5 @@
-// mirage runtime, part of the header every generated source inlines (after
-// mirage_runtime.cuh and the parts listed before this one in codegen's generate.rs).
+// mirage runtime, a part of the header a generated source inlines where its kernels use it
+// (after mirage_runtime.cuh and the parts this one needs: codegen's runtime.rs).
 // The tile matmul: SIMT, and tensor cores through ldmatrix + mma.sync.
 
 namespace mi {

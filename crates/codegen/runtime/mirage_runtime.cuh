@@ -1,13 +1,16 @@
-// mirage runtime: device helpers shared by every generated kernel. Embedded in the generated
-// source by mirage-codegen (generate.rs's RUNTIME_HEADER) as this file followed by its parts:
+// mirage runtime: device helpers shared by every generated kernel. mirage-codegen embeds in
+// each generated source this file (always) and the parts its kernels use, with the parts they
+// need, in this order (codegen's runtime.rs declares the parts and their dependencies):
 //   reductions.cuh        block- and warp-level reductions, row kernels' combine steps
 //   matmul.cuh            the tile matmul (SIMT; ldmatrix + mma.sync)
-//   attention.cuh         register-resident online-softmax attention
-//   wgmma.cuh             warpgroup tensor cores (sm_90a) and their attention
-//   warp_specialized.cuh  producer/consumer warpgroups over mbarrier pipelines
+//   attention.cuh         register-resident online-softmax attention (needs matmul)
+//   wgmma.cuh             warpgroup tensor cores (sm_90a)
+//   warp_specialized.cuh  the wgmma attention and its producer/consumer warpgroups over
+//                         mbarrier pipelines (needs reductions, attention and wgmma)
 // This file holds the common types, dependent launches, thread indexing, dtype conversion, tile
-// copies and element-wise ops. Every function is header-only and templated on compile-time
-// sizes so that tile shapes are constants for the compiler.
+// copies, element-wise ops, L2 policies, named barriers, mbarriers and thread-block clusters.
+// Every function is header-only and templated on compile-time sizes so that tile shapes are
+// constants for the compiler.
 //
 // Conventions: tiles live in shared memory, row-major, in their storage type (__half,
 // __nv_bfloat16 or float); arithmetic is in fp32; NT is the block's thread count.
@@ -220,6 +223,7 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // --------------------------------------------------------- element-wise ops
 // Accurate (not fast-math) fp32 versions: they match the interpreter's f32 semantics.
+// (Add, sub, mul and div are written as operators; binary ops call op_pow only.)
 __device__ __forceinline__ float op_exp(float x) { return expf(x); }
 __device__ __forceinline__ float op_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float op_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f)); }
@@ -228,11 +232,236 @@ __device__ __forceinline__ float op_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ float op_square(float x) { return x * x; }
 __device__ __forceinline__ float op_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ float op_clamp(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
-__device__ __forceinline__ float op_add(float a, float b) { return a + b; }
-__device__ __forceinline__ float op_sub(float a, float b) { return a - b; }
-__device__ __forceinline__ float op_mul(float a, float b) { return a * b; }
-__device__ __forceinline__ float op_div(float a, float b) { return a / b; }
 __device__ __forceinline__ float op_pow(float a, float b) { return powf(a, b); }
-__device__ __forceinline__ float op_max(float a, float b) { return fmaxf(a, b); }
+
+// ---------------------------------------------- L2 policies and synchronisation
+// An L2 cache policy (createpolicy): lines read once go first (LAST false), lines read again
+// soon go last (LAST true).
+template <bool LAST>
+__device__ __forceinline__ unsigned long long l2_policy() {
+  unsigned long long p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (LAST) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  }
+#endif
+  return p;
+}
+
+// Orders this thread's generic-proxy shared-memory writes (plain stores, cp.async) before
+// later async-proxy reads (wgmma operands) once a barrier has passed.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// The named barriers (bar.sync ids) a generated block uses, each for one purpose (codegen's
+// runtime.rs has the same ids as `NamedBarrier`).
+enum class NamedBarrier : int {
+  // __syncthreads: every thread of the block.
+  Block = 0,
+  // The consumer threads of a warp-specialised block (`FlashWG::run_ws`), after the producer
+  // warpgroup has left: `bar_sync_n`.
+  Consumers = 1,
+  // The first of the warpgroups' turns of the ping-pong wgmma issue (`FlashWG::run_ws`):
+  // warpgroup w waits on Turns + w (w < 3).
+  Turns = 8,
+};
+
+// Barrier over the block's first N threads (`NamedBarrier::Consumers`).
+template <int N>
+__device__ __forceinline__ void bar_sync_n() {
+  asm volatile("bar.sync %0, %1;" ::"n"(static_cast<int>(NamedBarrier::Consumers)), "n"(N) : "memory");
+}
+// Barrier `id` (chosen at run time) over N threads: a warpgroup's turn in a warp-specialised
+// block (`NamedBarrier::Turns` + its index, `FlashWG::run_ws`).
+template <int N>
+__device__ __forceinline__ void bar_sync_id(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(N) : "memory");
+}
+// Arrival (no wait) on barrier `id` of N threads: the other side of a `bar_sync_id`.
+template <int N>
+__device__ __forceinline__ void bar_arrive_id(int id) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(N) : "memory");
+}
+
+// mbarriers (sm_90): set up with `count` expected arrivals, waited on by phase parity, arrived on.
+__device__ __forceinline__ void mbar_init(unsigned long long* b, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(b)), "r"(count) : "memory");
+#endif
+}
+// Waits until the phase of parity `parity` of mbarrier `b` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned long long* b, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred p;\nMI_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra MI_WAIT_%=;\n}\n" ::"r"((unsigned)__cvta_generic_to_shared(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"((unsigned)__cvta_generic_to_shared(b)) : "memory");
+#endif
+}
+
+// Thread-block clusters (sm_90): this block's rank in its cluster; a barrier of every thread
+// of the cluster whose release / acquire makes shared-memory writes before it visible to the
+// cluster's blocks after it; the generic address of `p`'s shared-memory location in block
+// `rank` of the cluster (distributed shared memory).
+__device__ __forceinline__ unsigned cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+// The same barrier without ordering memory (every thread's earlier reads are done; nothing
+// it wrote needs to be visible): no fence before the arrival.
+__device__ __forceinline__ void cluster_sync_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+// This thread's arrival on the cluster barrier's current phase, releasing its writes, without
+// waiting: a warp-specialised producer's, as it leaves (its copies into shared memory that
+// other blocks' merges later overwrite are then ordered before them).
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#endif
+}
+// The barrier's two halves apart, ordering nothing on arrival and acquiring on the wait: a
+// summing cluster split arrives at its start and waits before its merge (every block of the
+// cluster has started, so its shared memory may be written), then pushes (`cluster_push`).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+template <typename T>
+__device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned long long a;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(a) : "l"(p), "r"(rank));
+  return reinterpret_cast<T*>(a);
+#else
+  return p;
+#endif
+}
+
+// Adds the n-float tile `t` (the same shared-memory offset in every block) of each of the CS
+// blocks of a thread-block cluster into the first block's: block r sums elements
+// [r, r + 1) * n / CS. Call between two `cluster_sync`s (every block's tile complete before,
+// none exits before every block is done reading).
+template <int NT, int CS>
+__device__ __forceinline__ void cluster_sum(float* t, int n) {
+  const int per = (n + CS - 1) / CS, lo = (int)cluster_rank() * per, hi = min(n, lo + per);
+  const float* src[CS];
+#pragma unroll
+  for (int r = 0; r < CS; ++r) src[r] = cluster_map(t, (unsigned)r);
+  float* const dst = cluster_map(t, 0u);
+  for (int i = lo + lin_tid(); i < hi; i += NT) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < CS; ++r) acc += src[r][i];
+    dst[i] = acc;
+  }
+}
+
+// A summing cluster split's merge, pushed (`Step::ClusterMerge`): every block but the first
+// stores its n-float tile `t` into slot rank - 1 of the first block's receive area (`recv`: the
+// same shared-memory offset in every block, slots `slot` floats apart), arrives on the cluster
+// barrier (releasing the stores) and leaves; the first block waits there, then adds the slots
+// to its own tile in rank order (`cluster_gather`: the sums of the former two-barrier merge,
+// in the same order). No block reads another's shared memory, so none waits for the others to
+// leave. On the H200 the two-barrier merge (each block summing a slice from every block's
+// tile) took 1.5 us of RMSNorm+Linear b=16's 12.5 (globaltimer stamps).
+template <int NT>
+__device__ __forceinline__ void cluster_push(const float* t, float* recv, int slot, int n) {
+  float* const dst = cluster_map(recv + ((int)cluster_rank() - 1) * slot, 0u);
+  if (n % 4 == 0) {
+    for (int i = lin_tid() * 4; i < n; i += NT * 4)
+      *reinterpret_cast<float4*>(dst + i) = *reinterpret_cast<const float4*>(t + i);
+  } else {
+    for (int i = lin_tid(); i < n; i += NT) dst[i] = t[i];
+  }
+}
+// The pushed merge signalled on an mbarrier instead of the cluster barrier (`Knobs::async_push`):
+// every block but the first writes its tile into its slot of the first block's receive area
+// with `st.async`, each store completing its bytes on the first block's mbarrier `bar` (the
+// same shared-memory offset in every block), and leaves; the first block, having armed `bar`
+// with the bytes of every slot (`cluster_merge_arm`), waits on it alone. The data and the
+// signal travel together: no release fence, no cluster-wide barrier.
+template <int NT>
+__device__ __forceinline__ void cluster_push_async(const float* t, float* recv, int slot, int n, unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned dst, mb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"((unsigned)__cvta_generic_to_shared(recv + ((int)cluster_rank() - 1) * slot)), "r"(0u));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(mb) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(0u));
+  if (n % 4 == 0) {
+    for (int i = lin_tid() * 4; i < n; i += NT * 4) {
+      const float4 v = *reinterpret_cast<const float4*>(t + i);
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(dst + 4u * i), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(mb) : "memory");
+    }
+  } else {
+    for (int i = lin_tid(); i < n; i += NT)
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst + 4u * i), "f"(t[i]), "r"(mb) : "memory");
+  }
+#endif
+}
+// The first block's mbarrier of that merge, set up at the kernel's start by one thread before
+// its arrival on the cluster barrier's first phase (which the pushes wait for).
+__device__ __forceinline__ void cluster_merge_init(unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\nfence.mbarrier_init.release.cluster;" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+#endif
+}
+// One thread of the first block arms the mbarrier with the bytes every other block sends.
+__device__ __forceinline__ void cluster_merge_arm(unsigned long long* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+#endif
+}
+template <int NT, int CS>
+__device__ __forceinline__ void cluster_gather(float* t, const float* recv, int slot, int n) {
+  if (n % 4 == 0) {
+    for (int i = lin_tid() * 4; i < n; i += NT * 4) {
+      float4 a = *reinterpret_cast<const float4*>(t + i);
+#pragma unroll
+      for (int r = 1; r < CS; ++r) {
+        const float4 b = *reinterpret_cast<const float4*>(recv + (r - 1) * slot + i);
+        a.x += b.x;
+        a.y += b.y;
+        a.z += b.z;
+        a.w += b.w;
+      }
+      *reinterpret_cast<float4*>(t + i) = a;
+    }
+  } else {
+    for (int i = lin_tid(); i < n; i += NT) {
+      float a = t[i];
+#pragma unroll
+      for (int r = 1; r < CS; ++r) a += recv[(r - 1) * slot + i];
+      t[i] = a;
+    }
+  }
+}
 
 }  // namespace mi

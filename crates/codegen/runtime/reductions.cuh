@@ -1,5 +1,5 @@
-// mirage runtime, part of the header every generated source inlines (after
-// mirage_runtime.cuh and the parts listed before this one in codegen's generate.rs).
+// mirage runtime, a part of the header a generated source inlines where its kernels use it
+// (after mirage_runtime.cuh and the parts this one needs: codegen's runtime.rs).
 // Block- and warp-level reductions, the row kernels' combine steps and the tile stores
 // that use them.
 
@@ -47,7 +47,6 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
 }
 
 __device__ __forceinline__ float warp_sum(float v) { return warp_reduce<SumOp>(v); }
-__device__ __forceinline__ float warp_max(float v) { return warp_reduce<MaxOp>(v); }
 template <int NT>
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<NT, SumOp>(v, scratch); }
 template <int NT>
@@ -165,20 +164,6 @@ __device__ __forceinline__ void load8(const T* __restrict__ p, float* v, bool ve
   }
 }
 
-// An L2 cache policy (createpolicy): lines read once go first (LAST false), lines read again
-// soon go last (LAST true).
-template <bool LAST>
-__device__ __forceinline__ unsigned long long l2_policy() {
-  unsigned long long p = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (LAST) {
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  } else {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  }
-#endif
-  return p;
-}
 // load8 of 16-bit values through L2 policy `pol` (16-byte aligned p).
 template <typename T>
 __device__ __forceinline__ void load8_pol(const T* __restrict__ p, float* v, bool vec, unsigned long long pol) {

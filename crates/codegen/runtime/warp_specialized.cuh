@@ -1,5 +1,5 @@
-// mirage runtime, part of the header every generated source inlines (after
-// mirage_runtime.cuh and the parts listed before this one in codegen's generate.rs).
+// mirage runtime, a part of the header a generated source inlines where its kernels use it
+// (after mirage_runtime.cuh and the parts this one needs: codegen's runtime.rs).
 // Warp specialisation: a producer warpgroup that fills pipeline stages behind mbarriers
 // for consumer warpgroups.
 
@@ -12,25 +12,6 @@ namespace mi {
 // (one arrival a consumer warp) once their tensor-core reads of it are done. No block-wide
 // barrier in the loop: each warpgroup runs at its own pace. Named barrier 1 syncs the
 // consumers alone (the producer leaves after its loop).
-__device__ __forceinline__ void mbar_init(unsigned long long* b, unsigned count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(b)), "r"(count) : "memory");
-#endif
-}
-// Waits until the phase of parity `parity` of mbarrier `b` has completed.
-__device__ __forceinline__ void mbar_wait(unsigned long long* b, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred p;\nMI_WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra MI_WAIT_%=;\n}\n" ::"r"((unsigned)__cvta_generic_to_shared(b)), "r"(parity) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(unsigned long long* b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"((unsigned)__cvta_generic_to_shared(b)) : "memory");
-#endif
-}
 // An arrival on `b` once every cp.async this thread issued so far has landed (counted in the
 // barrier's expected arrivals).
 __device__ __forceinline__ void cp_async_mbar_arrive(unsigned long long* b) {
@@ -448,12 +429,13 @@ struct FlashWG {
   // (bench timing, saved winners): MQA b=8 24.6-24.8 -> 23.1-23.4 us, GQA b=16 24.4-24.6 ->
   // 23.6-24.0, MQA b=16 40.6-40.9 -> 40.1-40.4, GQA b=8 15.4-15.7 -> 15.1-15.4, QK-norm b=8
   // (three warpgroups) 19.2-19.5 -> 19.0-19.1.
-  static constexpr int PP_BAR = 8;
+  static constexpr int PP_BAR = static_cast<int>(NamedBarrier::Turns);
   template <int STAGES, bool VN = false, bool SPLITV = false, bool QN = false>
   __device__ __forceinline__ void run_ws(const TQ* Q, const T* Kst, const T* Vst, int kel, int vel,
                                          unsigned long long* full, unsigned long long* empty, int iters,
                                          T* rs = nullptr, unsigned long long* vfull = nullptr) {
     static_assert(QSS && (KS == 1 || ILV) && RG == 1 && BATCH == 1, "run_ws: one row group, slices by stage");
+    static_assert(PP_BAR + NWG <= 16, "run_ws: a turn barrier a warpgroup, within the 16 named barriers");
     static_assert(!VN || NK == 128 || NK == 64, "run_ws: V factors of 64- or 128-key steps");
     static_assert(!(VN && SPLITV), "run_ws: V marked full apart only without V factors");
     static_assert(!VN || NWG > 1, "run_ws: V factors behind the warpgroups' turns (ping-pong)");
@@ -623,7 +605,8 @@ struct FlashWG {
   // cluster barrier before the saves makes sure every block of the cluster has left its loop
   // and started (its shared memory may then be written); the one after them publishes the
   // saves to their readers.
-  // With WS (after `run_ws`) the slices' barriers are the consumers' own (named barrier 1):
+  // With WS (after `run_ws`) the slices' barriers are the consumers' own
+  // (`NamedBarrier::Consumers`):
   // the producer warpgroup has left.
   // With HALVES (a cluster of two over one group of 64 rows), each block finishes half the
   // rows instead: the slice-0 warps of rows 32 h to 32 h + 31 (h = row0 / 32) save into block

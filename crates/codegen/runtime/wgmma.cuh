@@ -1,6 +1,6 @@
-// mirage runtime, part of the header every generated source inlines (after
-// mirage_runtime.cuh and the parts listed before this one in codegen's generate.rs).
-// Warpgroup tensor cores (wgmma, sm_90a only) and the attention that runs on them.
+// mirage runtime, a part of the header a generated source inlines where its kernels use it
+// (after mirage_runtime.cuh and the parts this one needs: codegen's runtime.rs).
+// Warpgroup tensor cores (wgmma, sm_90a only) and the loop matmul accumulator on them.
 
 namespace mi {
 
@@ -13,13 +13,6 @@ namespace mi {
 #define MI_WGMMA 0
 #endif
 
-// Orders this thread's generic-proxy shared-memory writes (plain stores, cp.async) before
-// later async-proxy reads (wgmma operands) once a barrier has passed.
-__device__ __forceinline__ void fence_proxy_async() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
 
 // The shared-memory descriptor of a wgmma B operand stored MN-major (N contiguous) in rows of
 // 128 bytes (64 16-bit elements) with the 128-byte swizzle, chunk c of row r at c ^ (r % 8)

@@ -9,6 +9,10 @@ use mirage_ugraph::{BinaryOp, UnaryOp};
 use crate::emit::{binary_expr, kernel_open, offset_wide, row_major, unary_expr, wl};
 use crate::error::{unsupported, Result};
 use crate::program::{DevBuffer, Storage};
+use crate::runtime::{Part, Parts};
+
+/// The parts of the reduction, rms_norm and softmax kernels (warp and block reductions).
+const REDUCTIONS: Parts = Parts::NONE.with(Part::Reductions);
 
 /// Threads per block of the element-wise, reduction, rms_norm and softmax kernels.
 const NT: usize = 256;
@@ -30,6 +34,8 @@ pub(crate) struct Emitted {
     pub block: [u32; 3],
     /// Dynamic shared memory in bytes.
     pub smem_bytes: usize,
+    /// The runtime header parts the kernel's code uses.
+    pub parts: Parts,
 }
 
 fn numel(d: &[usize]) -> usize {
@@ -82,7 +88,7 @@ pub(crate) fn elementwise(name: &str, op: &Ew, ins: &[&DevBuffer], out: &DevBuff
     wl!(s, "    out0[{}] = mi::from_f32<{}>({e});", offset_wide(od, "i", od, &out.strides), out.storage.cty());
     wl!(s, "  }}");
     wl!(s, "}}");
-    Ok(Emitted { source: s, grid: [grid1(n, NT), 1, 1], block: [NT as u32, 1, 1], smem_bytes: 0 })
+    Ok(Emitted { source: s, grid: [grid1(n, NT), 1, 1], block: [NT as u32, 1, 1], smem_bytes: 0, parts: Parts::NONE })
 }
 
 /// Sum over `dim`, kept with size 1: a warp per output element.
@@ -111,7 +117,13 @@ pub(crate) fn reduction(name: &str, dim: usize, x: &DevBuffer, out: &DevBuffer) 
     );
     wl!(s, "  }}");
     wl!(s, "}}");
-    Ok(Emitted { source: s, grid: [grid1(nout, warps), 1, 1], block: [NT as u32, 1, 1], smem_bytes: 0 })
+    Ok(Emitted {
+        source: s,
+        grid: [grid1(nout, warps), 1, 1],
+        block: [NT as u32, 1, 1],
+        smem_bytes: 0,
+        parts: REDUCTIONS,
+    })
 }
 
 /// `x / sqrt(mean(x^2) + eps)` over the trailing `nd` dims, times `w` if given: a block per row.
@@ -155,7 +167,7 @@ pub(crate) fn rms_norm(
     wl!(s, "    }}");
     wl!(s, "  }}");
     wl!(s, "}}");
-    Ok(Emitted { source: s, grid: [grid1(rows, 1), 1, 1], block: [NT as u32, 1, 1], smem_bytes: 0 })
+    Ok(Emitted { source: s, grid: [grid1(rows, 1), 1, 1], block: [NT as u32, 1, 1], smem_bytes: 0, parts: REDUCTIONS })
 }
 
 /// Softmax over `dim` (max subtracted first): a block per slice.
@@ -195,7 +207,13 @@ pub(crate) fn softmax(name: &str, dim: usize, x: &DevBuffer, out: &DevBuffer) ->
     );
     wl!(s, "  }}");
     wl!(s, "}}");
-    Ok(Emitted { source: s, grid: [grid1(slices, 1), 1, 1], block: [NT as u32, 1, 1], smem_bytes: 0 })
+    Ok(Emitted {
+        source: s,
+        grid: [grid1(slices, 1), 1, 1],
+        block: [NT as u32, 1, 1],
+        smem_bytes: 0,
+        parts: REDUCTIONS,
+    })
 }
 
 /// Batched matmul `[.., m, k] x [.., k, n]`: 64x64 output tiles, k in steps of 32, through the
@@ -262,6 +280,7 @@ pub(crate) fn matmul(name: &str, a: &DevBuffer, b: &DevBuffer, out: &DevBuffer) 
         grid: [gx as u32, gy as u32, nb.max(1) as u32],
         block: [MM_NT as u32, 1, 1],
         smem_bytes: smem,
+        parts: Parts::NONE.with(Part::Matmul),
     })
 }
 

@@ -19,6 +19,7 @@ use crate::block_kernel::{tile_base, Emitted};
 use crate::emit::{binary_expr, coord, dev_offset, kernel_open, kernel_params, numel, unary_expr, wl};
 use crate::error::Result;
 use crate::program::DevBuffer;
+use crate::runtime::Parts;
 
 /// Most elements of the largest tile a thread holds.
 const MAX_PER_THREAD: usize = 8;
@@ -162,7 +163,7 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
     }
     slots(&mut s, "  ", &body[Sec::Post as usize]);
     wl!(s, "}}");
-    Ok(Some(Emitted { source: s, smem_bytes: 0, cluster: [1; 3], extra_threads: 0 }))
+    Ok(Some(Emitted { source: s, smem_bytes: 0, cluster: [1; 3], extra_threads: 0, parts: Parts::NONE }))
 }
 
 /// Where op `op` runs: inputs of the loop and ops of loop-phase values in it, the running max

@@ -195,7 +195,7 @@ mod tests {
 
     #[test]
     fn every_registry_op_calls_a_device_function_the_runtime_header_defines() {
-        let header = crate::generate::RUNTIME_HEADER;
+        let header = crate::runtime::Part::Common.text();
         for d in mirage_ugraph::UNARY_OPS {
             assert_eq!(unary_expr(&d.op, "v"), format!("{}(v)", d.cuda), "{}", d.name);
             let f =

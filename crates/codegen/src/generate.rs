@@ -8,17 +8,10 @@ use crate::block_kernel;
 use crate::default_kernels::{self as dk, Ew};
 use crate::error::{Error, Result};
 use crate::program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};
+use crate::runtime::Parts;
 
-/// The runtime header every generated source starts with: the parts in `runtime/`, in the
-/// order they depend on each other (each opens and closes namespace `mi`).
-pub const RUNTIME_HEADER: &str = concat!(
-    include_str!("../runtime/mirage_runtime.cuh"),
-    include_str!("../runtime/reductions.cuh"),
-    include_str!("../runtime/matmul.cuh"),
-    include_str!("../runtime/attention.cuh"),
-    include_str!("../runtime/wgmma.cuh"),
-    include_str!("../runtime/warp_specialized.cuh"),
-);
+/// The line between the runtime header and the generated kernels in a generated source.
+pub const KERNELS_MARK: &str = "// ---------------------------------------------------------------- generated kernels";
 
 /// Alignment of workspace buffers in bytes.
 const WORKSPACE_ALIGN: usize = 256;
@@ -161,6 +154,24 @@ fn plain_output(bg: &BlockGraph, k: usize) -> bool {
     true
 }
 
+/// Liveness: whether some output of `g` (`output_ids`) depends on each op.
+fn needed_ops(g: &KernelGraph, output_ids: &[TensorId]) -> Vec<bool> {
+    let mut tneed = vec![false; g.tensors.len()];
+    for &t in output_ids {
+        tneed[t] = true;
+    }
+    let mut opneed = vec![false; g.ops.len()];
+    for (i, op) in g.ops.iter().enumerate().rev() {
+        if op.outputs.iter().any(|&t| tneed[t]) {
+            opneed[i] = true;
+            for &t in &op.inputs {
+                tneed[t] = true;
+            }
+        }
+    }
+    opneed
+}
+
 /// Generates the CUDA program of `g`.
 ///
 /// Graph inputs and outputs keep their dtypes and layouts; intermediate tensors between
@@ -217,20 +228,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
             });
         }
     }
-    // Liveness: ops some output depends on.
-    let mut tneed = vec![false; n_t];
-    for &t in &output_ids {
-        tneed[t] = true;
-    }
-    let mut opneed = vec![false; g.ops.len()];
-    for (i, op) in g.ops.iter().enumerate().rev() {
-        if op.outputs.iter().any(|&t| tneed[t]) {
-            opneed[i] = true;
-            for &t in &op.inputs {
-                tneed[t] = true;
-            }
-        }
-    }
+    let opneed = needed_ops(&g, &output_ids);
     let mut workspace = 0usize;
     for (i, op) in g.ops.iter().enumerate() {
         if !opneed[i] {
@@ -260,6 +258,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
 
     let mut kernels: Vec<KernelSpec> = Vec::new();
     let mut bodies: Vec<String> = Vec::new();
+    let mut parts = Parts::NONE;
     for (i, op) in g.ops.iter().enumerate() {
         if !opneed[i] || matches!(op.kind, KernelOpKind::Input { .. }) {
             continue;
@@ -286,6 +285,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                 let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);
                 let mut block = graph.block_dim.map(|x| x as u32);
                 block[0] += e.extra_threads as u32;
+                parts = parts.union(e.parts);
                 (e.source, grid, block, e.smem_bytes, e.cluster.map(|x| x as u32))
             }
             kind => {
@@ -303,6 +303,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                         return Err(Error::Unsupported("internal error: op handled above".into()))
                     }
                 };
+                parts = parts.union(e.parts);
                 (e.source, e.grid, e.block, e.smem_bytes, [1; 3])
             }
         };
@@ -348,8 +349,12 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         opts.arch(),
         kernels.len()
     ));
-    source.push_str(RUNTIME_HEADER);
-    source.push_str("\n// ---------------------------------------------------------------- generated kernels\n");
+    // The runtime header: the parts the kernels use and the parts those need.
+    let runtime_parts = parts.closure();
+    source.push_str(&runtime_parts.header());
+    source.push('\n');
+    source.push_str(KERNELS_MARK);
+    source.push('\n');
     for b in &bodies {
         source.push('\n');
         source.push_str(b);
@@ -364,7 +369,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         .zip(&out_strides)
         .map(|(&t, s)| TensorDesc { dims: g.tensors[t].dims.clone(), strides: s.clone(), dtype: g.tensors[t].dtype })
         .collect();
-    Ok(Program { source, arch: opts.arch(), kernels, inputs, outputs, workspace_bytes: workspace })
+    Ok(Program { source, arch: opts.arch(), kernels, inputs, outputs, workspace_bytes: workspace, runtime_parts })
 }
 
 /// `b` as the block input `bop` of `graph` declares it: its dims with leading 1s added

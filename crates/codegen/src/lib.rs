@@ -4,7 +4,7 @@
 //!   `__global__` per customized op (block-graph semantics of `mirage_ugraph::block`: input
 //!   iterators, tile ops, fp32 accumulators, post-loop ops, output savers) and default kernels
 //!   for predefined ops (matmul, element-wise with broadcasting, reduction, rms_norm with
-//!   weight, softmax); the runtime header (`runtime/*.cuh`, joined as `RUNTIME_HEADER`) is inlined. A
+//!   weight, softmax); the runtime header's parts the kernels use (`runtime/*.cuh`, [`runtime`]) are inlined. A
 //!   customized op takes the first kernel form that fits its block graph: register rows
 //!   (`rowreg`: loop-free element-wise ops and RMS norms), register loops (`eltloop`:
 //!   [`mirage_ugraph::BlockGraph::is_elementwise`] graphs, a split-KV combine step) or the
@@ -48,12 +48,14 @@ pub mod nvrtc;
 pub mod program;
 pub mod resources;
 mod rowreg;
+pub mod runtime;
 pub mod sass;
 
 pub use error::{Error, Result};
 pub use exec::Executable;
-pub use generate::{generate, Options, WsWarpgroups, RUNTIME_HEADER};
+pub use generate::{generate, Options, WsWarpgroups};
 pub use mirage_ugraph::Target;
 pub use program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};
 pub use resources::{KernelResources, PtxasReport};
+pub use runtime::{NamedBarrier, Part, Parts, RUNTIME_HEADER};
 pub use sass::KernelSass;

@@ -5,6 +5,7 @@ use mirage_ugraph::DType;
 use serde_json::json;
 
 use crate::resources::PtxasReport;
+use crate::runtime::Parts;
 
 /// How a device tensor's elements are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -117,8 +118,8 @@ pub struct TensorDesc {
 /// A generated program: the CUDA source and how to launch it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Program {
-    /// Complete CUDA C++ source (the runtime header is inlined; only CUDA's own headers are
-    /// included).
+    /// Complete CUDA C++ source (the runtime header's parts in `runtime_parts` are inlined;
+    /// only CUDA's own headers are included).
     pub source: String,
     /// Target architecture (e.g. 90 for sm_90).
     pub arch: u32,
@@ -130,9 +131,16 @@ pub struct Program {
     pub outputs: Vec<TensorDesc>,
     /// Bytes of device workspace the launch needs (0: none).
     pub workspace_bytes: usize,
+    /// The runtime header parts the source inlines: those its kernels use and those they need.
+    pub runtime_parts: Parts,
 }
 
 impl Program {
+    /// The generated kernels' code: the source after the runtime header.
+    pub fn kernels_source(&self) -> &str {
+        self.source.find(crate::generate::KERNELS_MARK).map_or(self.source.as_str(), |i| &self.source[i..])
+    }
+
     /// Largest dynamic shared memory of any kernel, in bytes.
     pub fn max_smem_bytes(&self) -> usize {
         self.kernels.iter().map(|k| k.smem_bytes).max().unwrap_or(0)

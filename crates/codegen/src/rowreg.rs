@@ -16,6 +16,7 @@ use crate::block_kernel::{tile_base, Emitted};
 use crate::emit::{binary_expr, dev_offset, flit, kernel_open, kernel_params, numel, unary_expr, wl};
 use crate::error::Result;
 use crate::program::{BufferRef, DevBuffer};
+use crate::runtime::{Part, Parts};
 
 /// Most elements of one tile a thread holds in registers.
 const MAX_PER_THREAD: usize = 64;
@@ -199,49 +200,53 @@ pub(crate) fn emit(name: &str, bg: &BlockGraph, ins: &[DevBuffer], outs: &[DevBu
             }
             BlockOpKind::RmsNorm { .. } => {
                 let (x, o) = (v(op.inputs[0]), v(op.outputs[0]));
-                wl!(s, "  float {o}[{}]; // rms norm of {x} over rows of {len}", kc * 8);
-                wl!(s, "#pragma unroll");
-                wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
-                wl!(s, "    float ss = 0.0f;");
-                wl!(s, "#pragma unroll");
-                wl!(s, "    for (int j = 0; j < 8; ++j) ss += {x}[k * 8 + j] * {x}[k * 8 + j];");
-                if len < 256 {
-                    // A row is `len / 8` neighbouring lanes' chunks (NT * 8 is a multiple of 256).
-                    wl!(s, "    ss = mi::lanes_reduce<{}>(ss, [](float a, float b) {{ return a + b; }});", len / 8);
-                } else {
-                    let per_row = len / 256; // warp chunks per row
-                    let nw = nt / 32;
-                    wl!(s, "    ss = mi::warp_sum(ss);");
-                    wl!(s, "    if (lane == 0) mi_part[{norm}][k * {nw} + warp] = ss;");
-                    wl!(s, "  }}");
-                    wl!(s, "  __syncthreads();");
-                    wl!(s, "#pragma unroll");
-                    wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
-                    wl!(s, "    const int row0 = ((k * {nw} + warp) / {per_row}) * {per_row};");
-                    wl!(s, "    float ss = 0.0f;");
-                    wl!(s, "#pragma unroll");
-                    wl!(s, "    for (int p = 0; p < {per_row}; ++p) ss += mi_part[{norm}][row0 + p];");
-                    norm += 1;
-                }
-                // x * (1 / rms): one division per row chunk instead of per element (within an
-                // ulp of x / rms).
                 let eps = match op.kind {
                     BlockOpKind::RmsNorm { eps } => eps,
                     _ => 0.0,
                 };
-                wl!(
-                    s,
-                    "    const float inv = 1.0f / sqrtf(ss / {}{});",
-                    flit(len as f32),
-                    crate::default_kernels::plus_eps(eps)
-                );
-                wl!(s, "#pragma unroll");
-                wl!(s, "    for (int j = 0; j < 8; ++j) {o}[k * 8 + j] = {x}[k * 8 + j] * inv;");
-                wl!(s, "  }}");
+                rms_norm(&mut s, (&x, &o), (kc, len, nt), eps, &mut norm);
             }
             _ => return Ok(None),
         }
     }
     wl!(s, "}}");
-    Ok(Some(Emitted { source: s, smem_bytes: 0, cluster: [1; 3], extra_threads: 0 }))
+    // Loads, stores and warp sums of `reductions.cuh`.
+    let parts = Parts::of(&[Part::Reductions]);
+    Ok(Some(Emitted { source: s, smem_bytes: 0, cluster: [1; 3], extra_threads: 0, parts }))
+}
+
+/// The statements of register output `o`, the RMS norm of `x` over rows of `len`, for `kc`
+/// chunks of 8 a thread of `nt`; rows of 256 or more sum through `mi_part[norm]` (then the next).
+fn rms_norm(s: &mut String, (x, o): (&str, &str), (kc, len, nt): (usize, usize, usize), eps: f32, norm: &mut usize) {
+    wl!(s, "  float {o}[{}]; // rms norm of {x} over rows of {len}", kc * 8);
+    wl!(s, "#pragma unroll");
+    wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
+    wl!(s, "    float ss = 0.0f;");
+    wl!(s, "#pragma unroll");
+    wl!(s, "    for (int j = 0; j < 8; ++j) ss += {x}[k * 8 + j] * {x}[k * 8 + j];");
+    let n = *norm;
+    if len < 256 {
+        // A row is `len / 8` neighbouring lanes' chunks (NT * 8 is a multiple of 256).
+        wl!(s, "    ss = mi::lanes_reduce<{}>(ss, [](float a, float b) {{ return a + b; }});", len / 8);
+    } else {
+        let per_row = len / 256; // warp chunks per row
+        let nw = nt / 32;
+        wl!(s, "    ss = mi::warp_sum(ss);");
+        wl!(s, "    if (lane == 0) mi_part[{n}][k * {nw} + warp] = ss;");
+        wl!(s, "  }}");
+        wl!(s, "  __syncthreads();");
+        wl!(s, "#pragma unroll");
+        wl!(s, "  for (int k = 0; k < {kc}; ++k) {{");
+        wl!(s, "    const int row0 = ((k * {nw} + warp) / {per_row}) * {per_row};");
+        wl!(s, "    float ss = 0.0f;");
+        wl!(s, "#pragma unroll");
+        wl!(s, "    for (int p = 0; p < {per_row}; ++p) ss += mi_part[{n}][row0 + p];");
+        *norm += 1;
+    }
+    // x * (1 / rms): one division per row chunk instead of per element (within an
+    // ulp of x / rms).
+    wl!(s, "    const float inv = 1.0f / sqrtf(ss / {}{});", flit(len as f32), crate::default_kernels::plus_eps(eps));
+    wl!(s, "#pragma unroll");
+    wl!(s, "    for (int j = 0; j < 8; ++j) {o}[k * 8 + j] = {x}[k * 8 + j] * inv;");
+    wl!(s, "  }}");
 }

@@ -503,7 +503,12 @@ fn predefined_ops(ctx: &Ctx<'_>, state: &KState) -> Vec<(KernelOpKind, Vec<usize
                 && y.dims[0] == x.dims[r - 1]
                 && y.labels[0] == x.labels[r - 1]
             {
-                emit(KernelOpKind::RmsNorm { normalized_ndims: 1 }, vec![a, b], x.dims.clone(), x.labels.clone());
+                emit(
+                    KernelOpKind::RmsNorm { normalized_ndims: 1, eps: ctx.env.eps },
+                    vec![a, b],
+                    x.dims.clone(),
+                    x.labels.clone(),
+                );
             }
         }
         // The reference's row ops as kernels of their own: what the block graphs cannot hold
@@ -513,7 +518,12 @@ fn predefined_ops(ctx: &Ctx<'_>, state: &KState) -> Vec<(KernelOpKind, Vec<usize
             continue;
         }
         if !x.dims.is_empty() {
-            emit(KernelOpKind::RmsNorm { normalized_ndims: 1 }, vec![a], x.dims.clone(), x.labels.clone());
+            emit(
+                KernelOpKind::RmsNorm { normalized_ndims: 1, eps: ctx.env.eps },
+                vec![a],
+                x.dims.clone(),
+                x.labels.clone(),
+            );
         }
         for dim in 0..x.dims.len() {
             emit(KernelOpKind::Softmax { dim }, vec![a], x.dims.clone(), x.labels.clone());

@@ -7,6 +7,7 @@ use super::ctx::Ctx;
 use super::plan::{ws_barriers_bytes, WS_PRODUCER_THREADS};
 use crate::emit::wl;
 use crate::error::{unsupported, Result};
+use crate::runtime::Part;
 
 impl Ctx<'_> {
     /// The warp-specialised form's set-up and producer (`FlashWG::run_ws`). Thread 0 sets up the
@@ -43,6 +44,7 @@ impl Ctx<'_> {
         wl!(s, "  }}");
         wl!(s, "  __syncthreads();");
         wl!(s, "  if (tid >= {}) {{ // the producer", if self.ws3() { "NC" } else { "NT" });
+        self.uses(Part::WarpSpecialized);
         wl!(s, "    mi::setmaxnreg_dec<{}>();", self.budgets.ws_producer_regs);
         wl!(s, "    constexpr int NT = {WS_PRODUCER_THREADS};");
         wl!(s, "    const int tid = mi::lin_tid() - {};", self.consumers());
@@ -105,6 +107,7 @@ impl Ctx<'_> {
         if f.v_norm && self.ws.is_none() {
             let Some(l) = self.layout[f.v] else { return unsupported("internal error: V has no layout") };
             let ty = self.storage[f.v].map_or("float", |st| st.cty());
+            self.uses(Part::Attention);
             let norm =
                 format!("mi::rms_norm_rows_frag<NT, {}, {}, {}, {}, {ty}", l.rows, l.inner, l.ld, l.swz.is_some());
             let lookahead = self.wg_lookahead();

@@ -1,6 +1,7 @@
 //! [`Ctx`]: a block graph with its [`KernelPlan`], as emission reads it: tile names, element
 //! reads and conversions, template arguments of the runtime's accumulators, barriers.
 
+use std::cell::Cell;
 use std::ops::Deref;
 
 use mirage_ugraph::{BlockGraph, BlockOpKind, STensorId};
@@ -11,6 +12,7 @@ use super::plan::{KernelPlan, RowSums, WS3_THREADS};
 use super::Step;
 use crate::emit::{dev_offset, numel, wl};
 use crate::program::{DevBuffer, Storage};
+use crate::runtime::{Part, Parts};
 
 /// Emission's view of one block kernel: the graph, its device tensors and its plan (whose
 /// fields it reads as its own).
@@ -19,6 +21,8 @@ pub(super) struct Ctx<'a> {
     pub ins: &'a [DevBuffer],
     pub outs: &'a [DevBuffer],
     pub plan: KernelPlan,
+    /// The runtime header parts the code emitted so far uses.
+    pub parts: Cell<Parts>,
 }
 
 impl Deref for Ctx<'_> {
@@ -29,6 +33,11 @@ impl Deref for Ctx<'_> {
 }
 
 impl Ctx<'_> {
+    /// Notes that the kernel's code uses runtime header part `p`.
+    pub(super) fn uses(&self, p: Part) {
+        self.parts.set(self.parts.get().with(p));
+    }
+
     /// Elements of one pipeline stage of tile `t` (0 for a tile without a layout).
     pub(super) fn stage_elems(&self, t: STensorId) -> usize {
         self.layout[t].map_or(0, |l| l.rows * l.ld)
@@ -69,7 +78,7 @@ impl Ctx<'_> {
     }
 
     /// A barrier over the block's threads that run the kernel's steps (the consumers only in
-    /// the warp-specialised form, whose producer has left by then).
+    /// the warp-specialised form, whose producer has left by then: `NamedBarrier::Consumers`).
     pub(super) fn sync(&self) -> &'static str {
         if self.ws.is_some() {
             "mi::bar_sync_n<NT>();"
@@ -185,6 +194,7 @@ impl Ctx<'_> {
             (true, false) => ", true",
             (true, true) => ", true, true",
         };
+        self.uses(Part::Matmul);
         Some(format!("mi::RowSumAcc<NT, {rows}, {len}, {ld}, {}, {rms}{sw}>", storage.cty()))
     }
 
@@ -218,6 +228,7 @@ impl Ctx<'_> {
             (false, false) => String::new(),
         };
         let acc = if self.wg_acc[op] { "MmaAccWG" } else { "MmaAcc" };
+        self.uses(if self.wg_acc[op] { Part::Wgmma } else { Part::Matmul });
         format!("mi::{acc}<NT, {}, {ty}{flags}>", self.mm_shape(op))
     }
 

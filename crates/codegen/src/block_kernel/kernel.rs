@@ -10,6 +10,7 @@ use super::{Section, Step, WG_ALIGN};
 use crate::emit::{kernel_open_with, kernel_params, wl};
 use crate::error::Result;
 use crate::program::Storage;
+use crate::runtime::Part;
 
 /// Whether two sets of byte ranges share a byte.
 fn overlaps(a: &[(usize, usize)], b: &[(usize, usize)]) -> bool {
@@ -451,6 +452,7 @@ impl Ctx<'_> {
             if let Some((rg, ks)) = f.wg {
                 let ilv = if self.ws.is_some() && self.ws_interleaved() { ", true" } else { "" };
                 let (threads, ks) = if self.ws3() { ("NC", 3) } else { ("NT", ks) };
+                self.uses(Part::WarpSpecialized);
                 wl!(
                     s,
                     "  mi::FlashWG<{threads}, {}, {}, {}, {}, {}, {rg}, {ks}, {ty}, {tq}, {}, {}{ilv}> fa;",
@@ -465,6 +467,7 @@ impl Ctx<'_> {
             } else {
                 let (rg, ks) = f.warps(self.nt);
                 let cw = f.chunk(rg, ks);
+                self.uses(Part::Attention);
                 wl!(
                     s,
                     "  mi::Flash<NT, {}, {}, {}, {}, {}, {}, {}, {}, {rg}, {ks}, {cw}, {ty}, {tq}, {}> fa;",

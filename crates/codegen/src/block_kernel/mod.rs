@@ -26,17 +26,22 @@ mod layout;
 mod load;
 mod merge;
 pub(crate) mod plan;
+#[cfg(test)]
+mod plan_tests;
 mod schedule;
 mod smem;
 mod step;
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
+
 use mirage_ugraph::{BlockGraph, Target};
 
 use crate::error::Result;
 use crate::generate::WsWarpgroups;
 use crate::program::DevBuffer;
+use crate::runtime::Parts;
 
 pub(crate) use load::tile_base;
 
@@ -111,6 +116,8 @@ pub(crate) struct Emitted {
     /// Threads the kernel adds to the block graph's (a producer warpgroup: 128, and a third
     /// attention warpgroup with `ws_three`: 256; else 0).
     pub extra_threads: usize,
+    /// The runtime header parts the kernel's code uses.
+    pub parts: Parts,
 }
 
 /// The emitter's choices that `Options` sets (from the environment where the Python package
@@ -163,8 +170,9 @@ pub(crate) fn emit(
             tests::record(name, Some(&plan));
             let cluster = plan.cluster_dims;
             let (smem_bytes, extra_threads) = (plan.smem_bytes, plan.extra_threads);
-            let source = ctx::Ctx { bg: &graph, ins, outs, plan: *plan }.kernel(name)?;
-            Ok(Emitted { source, smem_bytes, cluster, extra_threads })
+            let ctx = ctx::Ctx { bg: &graph, ins, outs, plan: *plan, parts: Cell::new(Parts::NONE) };
+            let source = ctx.kernel(name)?;
+            Ok(Emitted { source, smem_bytes, cluster, extra_threads, parts: ctx.parts.get() })
         }
     }
 }

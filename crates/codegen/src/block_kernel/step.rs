@@ -11,6 +11,7 @@ use super::{Section, Step};
 use crate::emit::{bcast, binary_expr, coord, flit, numel, row_major, unary_expr, wl};
 use crate::error::{unsupported, Result};
 use crate::program::Storage;
+use crate::runtime::Part;
 
 impl Ctx<'_> {
     /// The statements of `step` in section `sec`.
@@ -115,6 +116,7 @@ impl Ctx<'_> {
             && self.layout[t].is_none_or(|l| l.ld == l.inner && l.swz.is_none());
         if dense && rows_of(8, tile, &dev.strides) {
             wl!(s, "  const bool vec = mi::aligned16(out{j});");
+            self.uses(Part::Reductions);
             wl!(
                 s,
                 "  for (int i = tid * 8; i < {}; i += {nt} * 8) mi::store_n<8>(out{j} + base + {}, {} + i, vec);",
@@ -183,6 +185,7 @@ impl Ctx<'_> {
                 && self.layout[x].is_none_or(|l| l.index("i") == "i");
             if plain && xd == tile {
                 wl!(s, "    float x{r}[{w}];");
+                self.uses(Part::Reductions);
                 wl!(s, "    mi::load_f32_n<{w}>(x{r}, t{x} + i{w});");
                 if self.lazy && self.merged_by_step.contains(&x) {
                     // The other blocks' sums, as `merged_read` (16 bytes at a time).
@@ -190,6 +193,7 @@ impl Ctx<'_> {
                     for rank in 1..self.cluster {
                         wl!(s, "    {{");
                         wl!(s, "      float y[{w}];");
+                        self.uses(Part::Reductions);
                         wl!(s, "      mi::load_f32_n<{w}>(y, mi_recv + {} + i{w});", (rank - 1) * slot + at);
                         wl!(s, "#pragma unroll");
                         wl!(s, "      for (int e = 0; e < {w}; ++e) x{r}[e] += y[e];");
@@ -220,6 +224,7 @@ impl Ctx<'_> {
         wl!(s, "      v[e] = {r};");
         wl!(s, "    }}");
         let at = Self::tile_elem_offset(tile, &dev.strides, &format!("i{w}"));
+        self.uses(Part::Reductions);
         wl!(s, "    mi::store_n<{w}>(out{j} + base + {at}, v, vec);");
         wl!(s, "  }}");
         wl!(s, "}}");
@@ -253,6 +258,7 @@ impl Ctx<'_> {
         };
         let sw = |t: STensorId| self.layout[t].is_some_and(|l| l.swz.is_some());
         let flags = if sw(a) || sw(b) { format!(", {}, {}", sw(a), sw(b)) } else { String::new() };
+        self.uses(Part::Matmul);
         wl!(
             s,
             "mi::matmul_tile<{nt}, {}{flags}>({}, {}, mi_scratch, [&](int c, float v) {{ {epi} }});",
@@ -273,6 +279,7 @@ impl Ctx<'_> {
         let (x, o) = (bg.ops[op].inputs[0], bg.ops[op].outputs[0]);
         let d = self.dims(x);
         if let (true, Some((ld, cty))) = (dim + 1 == d.len(), self.vec_rows(x)) {
+            self.uses(Part::Reductions);
             wl!(
                 s,
                 "mi::row_sums_vec<{nt}, {}, {}, {ld}>(static_cast<const {cty}*>({}), [](float x) {{ return x; }}, [&](int o, float v) {{ {} = {}; }});",
@@ -284,6 +291,7 @@ impl Ctx<'_> {
             );
             return Ok(());
         }
+        self.uses(Part::Reductions);
         wl!(
             s,
             "mi::reduce<{nt}, {}, {}, {}, false>([&](int i) {{ return {}; }}, [&](int o, float v) {{ {} = {}; }});",
@@ -311,6 +319,7 @@ impl Ctx<'_> {
         let first = if sec == Section::Loop { "it == 0" } else { "true" };
         let wd0 = if has_d { format!(" t{dd}[o] = v - v;") } else { String::new() };
         let wd1 = if has_d { format!(" t{dd}[o] = p - nm;") } else { String::new() };
+        self.uses(Part::Reductions);
         wl!(
             s,
             "mi::reduce<{nt}, {}, {}, {}, true>([&](int i) {{ return {}; }}, [&](int o, float v) {{",
@@ -372,6 +381,7 @@ impl Ctx<'_> {
         let swz = self.layout[o].is_some_and(|l| l.swz.is_some());
         if let Some((ldi, cty)) = self.vec_rows(x) {
             if !swz && self.storage[o] == self.storage[x] && ldo.is_multiple_of(8) && len / 8 <= 16 * 32 {
+                self.uses(Part::Reductions);
                 wl!(
                     s,
                     "mi::rms_norm_rows_vec<{nt}, {}, {len}, {ldi}, {ldo}, {cty}>({}, {});",
@@ -382,6 +392,7 @@ impl Ctx<'_> {
                 return Ok(());
             }
         }
+        self.uses(Part::Reductions);
         let scalar = format!(
             "mi::rms_norm_rows<{nt}, {}, {len}>([&](int i) {{ return {}; }}, [&](int i, float v) {{ {} = {}; }});",
             numel(d) / len,
@@ -392,6 +403,7 @@ impl Ctx<'_> {
         // Rows straight from device memory: 16-byte loads, a row per few lanes.
         if let Some((k, row, cty)) = self.device_rows(x) {
             wl!(s, "if (mi::aligned16(in{k})) {{");
+            self.uses(Part::Reductions);
             wl!(
                 s,
                 "  mi::rms_norm_rows_ld<{nt}, {}, {len}, {cty}>([&](int r) {{ return {row}; }}, [&](int i, float v) {{ {} = {}; }});",
@@ -495,6 +507,7 @@ impl Ctx<'_> {
                 };
                 if let (1, Some((ld, cty))) = (inner, self.vec_rows(x)) {
                     let map = if acc == Accum::Rms { "x * x" } else { "x" };
+                    self.uses(Part::Reductions);
                     wl!(
                         s,
                         "mi::row_sums_vec<{nt}, {rows}, {len}, {ld}>(static_cast<const {cty}*>({}), [](float x) {{ return {map}; }}, [&](int o, float v) {{ {} }});",
@@ -508,6 +521,7 @@ impl Ctx<'_> {
                 } else {
                     format!("return {};", self.read(x, "i"))
                 };
+                self.uses(Part::Reductions);
                 wl!(
                     s,
                     "mi::reduce<{nt}, {rows}, {len}, {inner}, false>([&](int i) {{ {load} }}, [&](int o, float v) {{ {} }});",

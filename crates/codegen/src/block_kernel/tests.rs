@@ -119,7 +119,7 @@ fn padding_alone_cannot_serve_narrow_rows() {
 }
 
 /// The block plans of `g`'s customized kernels under `opts` (None: a register kernel).
-fn plans(g: &mirage_ugraph::KernelGraph, opts: &Options) -> Vec<Option<KernelPlan>> {
+pub(super) fn plans(g: &mirage_ugraph::KernelGraph, opts: &Options) -> Vec<Option<KernelPlan>> {
     let _ = take_plans();
     generate(g, opts).expect("generates");
     take_plans().into_iter().map(|(_, p)| p).collect()

@@ -29,22 +29,30 @@ from typing import Any
 import torch
 
 # LLaMA-3-8B (meta-llama/Meta-Llama-3-8B config.json), the layer count set by --layers.
-LLAMA3_8B = dict(
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=128256,
-    rms_norm_eps=1e-5,
-    rope_theta=500000.0,
-    max_position_embeddings=8192,
-    hidden_act="silu",
-    tie_word_embeddings=False,
-)
+LLAMA3_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 8192,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
 # A small model of the same shape family, for the CPU.
-TINY = dict(LLAMA3_8B, hidden_size=64, intermediate_size=176, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=512)
+TINY = dict(
+    LLAMA3_8B,
+    hidden_size=64,
+    intermediate_size=176,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=256,
+    max_position_embeddings=512,
+)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -68,6 +68,19 @@ pub trait Scalar: Copy + Send + Sync + std::fmt::Debug + 'static {
             }
         }
     }
+    /// Output rows of a matmul sharing one right operand `b` (`k x n`): for each row `i` of
+    /// `c` (`c.len() / n` rows), `c[i] += a[i] b` as [`Scalar::matmul_row`] with `a[i]` the
+    /// `k` elements at `a[i * k..]`. A domain may override it to prepare `b` once for all rows.
+    #[inline]
+    fn matmul_rows(c: &mut [Self], a: &[Self], b: &[Self], k: usize) {
+        let n = b.len().checked_div(k).unwrap_or(0);
+        if n == 0 {
+            return;
+        }
+        for (crow, arow) in c.chunks_mut(n).zip(a.chunks(k)) {
+            Self::matmul_row(crow, arow, b);
+        }
+    }
 }
 
 /// Float domains: IEEE arithmetic, `gelu` in its erf form.

@@ -9,6 +9,10 @@ use crate::types::{numel, row_major_strides};
 
 /// Matmuls of at least this many multiply-adds run their output rows in parallel.
 const PARALLEL_MATMUL: usize = 1 << 22;
+/// Most output rows of a parallel matmul one task computes.
+const MATMUL_BAND_ROWS: usize = 32;
+/// Softmaxes over at least this many elements run their rows in parallel.
+const PARALLEL_ELEMENTWISE: usize = 1 << 16;
 
 /// A dense row-major tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,22 +96,29 @@ impl<S: Scalar> Tensor<S> {
         let mut dims = self.dims.clone();
         dims[r - 1] = n;
         let mut data = vec![S::zero(); batch * m * n];
-        if batch * m * n * k >= PARALLEL_MATMUL && n > 0 {
-            // One output row per task (whole-output verification multiplies 4096-wide weights).
-            data.par_chunks_mut(n).enumerate().for_each(|(row, crow)| {
-                let (bt, i) = (row / m, row % m);
-                let a = &self.data[(bt * m + i) * k..(bt * m + i + 1) * k];
-                S::matmul_row(crow, a, &o.data[bt * k * n..(bt + 1) * k * n]);
+        if n == 0 || m == 0 || k == 0 {
+            return Tensor { dims, data };
+        }
+        if batch * m * n * k >= PARALLEL_MATMUL {
+            // Bands of output rows per task, each band sharing its batch's `b` (whole-output
+            // verification multiplies 4096-wide weights).
+            // A few tasks a thread, each of 8 to MATMUL_BAND_ROWS rows of one batch (a domain
+            // may prepare `b` once per task).
+            let band = (batch * m).div_ceil(4 * rayon::current_num_threads()).clamp(8, MATMUL_BAND_ROWS).min(m);
+            data.par_chunks_mut(m * n).enumerate().for_each(|(bt, cb)| {
+                let b = &o.data[bt * k * n..(bt + 1) * k * n];
+                cb.par_chunks_mut(band * n).enumerate().for_each(|(j, cc)| {
+                    let row = bt * m + j * band;
+                    let a = &self.data[row * k..(row + cc.len() / n) * k];
+                    S::matmul_rows(cc, a, b, k);
+                });
             });
             return Tensor { dims, data };
         }
         for bt in 0..batch {
             let a = &self.data[bt * m * k..(bt + 1) * m * k];
             let b = &o.data[bt * k * n..(bt + 1) * k * n];
-            let c = &mut data[bt * m * n..(bt + 1) * m * n];
-            for i in 0..m {
-                S::matmul_row(&mut c[i * n..(i + 1) * n], &a[i * k..(i + 1) * k], b);
-            }
+            S::matmul_rows(&mut data[bt * m * n..(bt + 1) * m * n], a, b, k);
         }
         Tensor { dims, data }
     }
@@ -190,23 +201,32 @@ impl<S: Scalar> Tensor<S> {
     pub fn softmax(&self, dim: usize) -> Self {
         let (outer, len, inner) = self.around(dim);
         let mut data = self.data.clone();
-        for o in 0..outer {
+        if len == 0 || inner == 0 {
+            return Tensor { dims: self.dims.clone(), data };
+        }
+        // Each outer slab is independent: large tensors run them in parallel.
+        let slab = |chunk: &mut [S]| {
             for i in 0..inner {
-                let idx = |l: usize| o * len * inner + l * inner + i;
-                let mut m = data[idx(0)];
+                let idx = |l: usize| l * inner + i;
+                let mut m = chunk[idx(0)];
                 for l in 1..len {
-                    m = m.max(data[idx(l)]);
+                    m = m.max(chunk[idx(l)]);
                 }
                 let mut s = S::zero();
                 for l in 0..len {
-                    let e = data[idx(l)].sub(m).exp();
-                    data[idx(l)] = e;
+                    let e = chunk[idx(l)].sub(m).exp();
+                    chunk[idx(l)] = e;
                     s = s.add_acc(e);
                 }
                 for l in 0..len {
-                    data[idx(l)] = data[idx(l)].div(s);
+                    chunk[idx(l)] = chunk[idx(l)].div(s);
                 }
             }
+        };
+        if data.len() >= PARALLEL_ELEMENTWISE && outer > 1 {
+            data.par_chunks_mut(len * inner).for_each(slab);
+        } else {
+            data.chunks_mut(len * inner).for_each(slab);
         }
         Tensor { dims: self.dims.clone(), data }
     }
@@ -294,5 +314,44 @@ pub fn add_eps<S: Scalar>(v: S, eps: f32) -> S {
         v
     } else {
         v.add(S::from_f32(eps))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(dims: &[usize], salt: usize) -> Tensor<f64> {
+        let n = numel(dims);
+        Tensor { dims: dims.to_vec(), data: (0..n).map(|i| ((i * 31 + salt * 17) % 13) as f64 - 6.0).collect() }
+    }
+
+    #[test]
+    fn parallel_matmul_bands_equal_plain_sums() {
+        // Large enough for the parallel path; m not a multiple of the band, several batches.
+        let (batch, m, k, n) = (3, 37, 64, 640);
+        assert!(batch * m * k * n >= PARALLEL_MATMUL);
+        let (a, b) = (ints(&[batch, m, k], 1), ints(&[batch, k, n], 2));
+        let c = a.matmul(&b);
+        for bt in 0..batch {
+            for i in 0..m {
+                for j in (0..n).step_by(7) {
+                    let s: f64 = (0..k).map(|kk| a.data[(bt * m + i) * k + kk] * b.data[(bt * k + kk) * n + j]).sum();
+                    assert_eq!(c.data[(bt * m + i) * n + j], s, "batch {bt} row {i} col {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parallel_softmax_rows_equal_single_rows() {
+        let (rows, len) = (300, 400);
+        assert!(rows * len >= PARALLEL_ELEMENTWISE);
+        let x = ints(&[rows, len], 3);
+        let y = x.softmax(1);
+        for r in [0, 151, rows - 1] {
+            let one = Tensor { dims: vec![1, len], data: x.data[r * len..(r + 1) * len].to_vec() }.softmax(1);
+            assert_eq!(&y.data[r * len..(r + 1) * len], &one.data[..], "row {r}");
+        }
     }
 }

@@ -393,38 +393,12 @@ impl Scalar for Fp {
     /// The sums of products kept below `P^2` (and `Q^2`) by one conditional subtraction a
     /// term, reduced once per element (exact, so equal to the default's term-by-term sums).
     fn matmul_row(c: &mut [Self], a: &[Self], b: &[Self]) {
-        const P2: u64 = P * P;
-        const Q2: u64 = Q * Q;
-        let n = c.len();
-        let mut sp: Vec<u64> = c.iter().map(|x| x.p as u64).collect();
-        let mut sq: Vec<u64> = c.iter().map(|x| x.q as u64).collect();
-        let mut poison: Vec<bool> = c.iter().map(|x| x.q == POISON).collect();
-        let mut w: Vec<u32> = c.iter().map(|x| x.w).collect();
-        let a_poison = a.iter().any(|x| x.q == POISON);
-        let a_w = a.iter().map(|x| x.w).max().unwrap_or(0);
-        for (kk, av) in a.iter().enumerate() {
-            let brow = &b[kk * n..(kk + 1) * n];
-            // A poisoned exponent residue makes the q sums meaningless: they are dropped below.
-            let (ap, aq) = (av.p as u64, if av.q == POISON { 0 } else { av.q as u64 });
-            for ((((x, y), z), v), bv) in
-                sp.iter_mut().zip(sq.iter_mut()).zip(poison.iter_mut()).zip(w.iter_mut()).zip(brow)
-            {
-                let bq = if bv.q == POISON { 0 } else { bv.q as u64 };
-                let tp = *x + ap * bv.p as u64;
-                *x = if tp >= P2 { tp - P2 } else { tp };
-                let tq = *y + aq * bq;
-                *y = if tq >= Q2 { tq - Q2 } else { tq };
-                *z |= bv.q == POISON;
-                *v = (*v).max(bv.w);
-            }
-        }
-        for (j, cv) in c.iter_mut().enumerate() {
-            *cv = Fp {
-                p: (sp[j] % P) as u32,
-                q: if poison[j] || a_poison { POISON } else { (sq[j] % Q) as u32 },
-                w: w[j].max(a_w),
-            };
-        }
+        crate::fmatmul::row_by_elements(c, a, b)
+    }
+
+    /// As [`Scalar::matmul_row`] per row, `b` split into residue planes once for all rows.
+    fn matmul_rows(c: &mut [Self], a: &[Self], b: &[Self], k: usize) {
+        crate::fmatmul::matmul_rows(c, a, b, k)
     }
 
     #[inline]

@@ -65,6 +65,7 @@ pub mod error;
 pub mod every;
 pub mod field;
 pub mod float_check;
+mod fmatmul;
 pub mod inputs;
 pub mod lax;
 pub mod lowp;

@@ -103,8 +103,13 @@ impl<S: Scalar> Tensor<S> {
             // Bands of output rows per task, each band sharing its batch's `b` (whole-output
             // verification multiplies 4096-wide weights).
             // A few tasks a thread, each of 8 to MATMUL_BAND_ROWS rows of one batch (a domain
-            // may prepare `b` once per task).
-            let band = (batch * m).div_ceil(4 * rayon::current_num_threads()).clamp(8, MATMUL_BAND_ROWS).min(m);
+            // may prepare `b` once per task); one row a task when there are few rows.
+            let threads = rayon::current_num_threads();
+            let band = if batch * m < 8 * threads {
+                1
+            } else {
+                (batch * m).div_ceil(4 * threads).clamp(8, MATMUL_BAND_ROWS).min(m)
+            };
             data.par_chunks_mut(m * n).enumerate().for_each(|(bt, cb)| {
                 let b = &o.data[bt * k * n..(bt + 1) * k * n];
                 cb.par_chunks_mut(band * n).enumerate().for_each(|(j, cc)| {

@@ -182,8 +182,8 @@ mod tests {
     /// a constant (w = 0) or a trial value.
     fn elem(i: u64) -> Fp {
         let h = hash_words(&[i, 0x6d6d]);
-        let (p, q) = if h % 3 == 0 { (P - 1 - h % 5, Q - 1 - h % 7) } else { (h >> 8, h >> 20) };
-        Fp::new(p, q, if h % 4 == 0 { 0 } else { 77 + (h % 2) as u32 })
+        let (p, q) = if h.is_multiple_of(3) { (P - 1 - h % 5, Q - 1 - h % 7) } else { (h >> 8, h >> 20) };
+        Fp::new(p, q, if h.is_multiple_of(4) { 0 } else { 77 + (h % 2) as u32 })
     }
 
     #[test]

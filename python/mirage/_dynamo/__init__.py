@@ -188,8 +188,7 @@ def _rewrite(gm: fx.GraphModule, opts: BackendOptions) -> fx.GraphModule:
     if not partitions:
         log.info("mirage: no supported ops in the graph")
         return gm
-    if opts.split:
-        partitions = _split(gm, partitions)
+    partitions = _split(gm, partitions, opts.split)
     fused = part.fuse_partitions(partitions, prefix="mirage_region_")
     for n in fused.graph.find_nodes(op="placeholder"):
         if n.name in sources and not hasattr(n, "_dynamo_source"):
@@ -233,12 +232,18 @@ def _rewrite(gm: fx.GraphModule, opts: BackendOptions) -> fx.GraphModule:
     return fused
 
 
-def _split(gm: fx.GraphModule, partitions: list[Partition]) -> list[Partition]:
-    """Each partition cut into stages, and a stage of several projections into one piece per
-    projection (see ``plan``)."""
+def _split(gm: fx.GraphModule, partitions: list[Partition], split: bool) -> list[Partition]:
+    """Each partition without its trailing slices, and with ``split`` cut into stages and a
+    stage of several projections into one piece per projection (see ``plan``)."""
     out: list[Partition] = []
     for p in partitions:
-        for stage in _plan.split_stages(list(p.nodes)):
+        nodes = _plan.drop_slices(list(p.nodes))
+        if not nodes:
+            continue
+        if not split:
+            out.append(Partition(id=len(out), nodes=nodes))
+            continue
+        for stage in _plan.split_stages(nodes):
             for piece in _plan.split_projections(gm, stage):
                 out.append(Partition(id=len(out), nodes=piece))
     if len(out) != len(partitions):

@@ -9,8 +9,8 @@ and the search time budgets (docs/dynamo.md).
   projection of the current stage starts the next stage. Each stage is then one of the forms
   the search handles well (norm + projections, gated MLP, projection + residual add).
 * **Kinds.** A lowered region is ``elementwise`` (no matmul, norm, softmax or reduction),
-  ``matmul`` (matmuls and element-wise ops only), ``norm_matmul`` (a norm or reduction with
-  matmuls), ``attention`` (softmax with matmuls) or ``other``; the kind picks the search
+  ``matmul`` (matmuls and element-wise ops only), ``norm`` (norms or reductions and
+  element-wise ops), ``norm_matmul`` (a norm or reduction with matmuls), ``attention`` (softmax with matmuls) or ``other``; the kind picks the search
   settings when the ``config`` option is not given (``KIND_SETTINGS``).
 * **Budgets.** Each search gets ``time_budget`` seconds (default ``DEFAULT_REGION_BUDGET``)
   and all searches of the process together ``total_time_budget`` seconds (default
@@ -21,6 +21,7 @@ and the search time budgets (docs/dynamo.md).
 from __future__ import annotations
 
 import json
+import operator
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -48,6 +49,7 @@ KIND_SETTINGS: dict[str, dict[str, Any]] = {
     "elementwise": {"config": {"max_kernel_ops": 1, "max_customized_ops": 1}},
     "matmul": {"config": "mlp"},
     "norm_matmul": {"config": "mlp"},
+    "norm": {"config": {"max_kernel_ops": 1, "max_customized_ops": 1}},
     "attention": {"config": "attention"},
     "other": {"config": None},
 }
@@ -100,6 +102,25 @@ def _is_view(node: fx.Node) -> bool:
     if node.op == "call_method":
         return node.target in _VIEW_METHODS or node.target in _CAST_METHODS or node.target == "item"
     return node.op == "call_function" and node.target in _VIEW_FUNCS
+
+
+def drop_slices(nodes: Sequence[fx.Node]) -> list[fx.Node]:
+    """The partition's nodes without the ``getitem`` slices of tensors it ends with (the
+    partitioner adds a getitem to its source's partition; mirage has no slicing, so such a
+    region would not lower): they stay torch code between regions."""
+    inside = set(nodes)
+
+    def is_slice(n: fx.Node) -> bool:
+        if n.op != "call_function" or n.target is not operator.getitem or not n.args:
+            return False
+        src = n.args[0]
+        return (
+            isinstance(src, fx.Node)
+            and isinstance(src.meta.get("example_value"), torch.Tensor)
+            and all(u not in inside for u in n.users)
+        )
+
+    return [n for n in nodes if not is_slice(n)]
 
 
 def split_stages(nodes: Sequence[fx.Node]) -> list[list[fx.Node]]:
@@ -232,7 +253,9 @@ def region_kind(ops: Sequence[str]) -> str:
     if "softmax" in names:
         return "attention" if has_mm else "other"
     if names & _NORM_OPS:
-        return "norm_matmul" if has_mm else "other"
+        if has_mm:
+            return "norm_matmul"
+        return "norm" if names <= _ELEMENTWISE_OPS | _NORM_OPS else "other"
     if has_mm:
         return "matmul" if names <= _ELEMENTWISE_OPS | {"matmul"} else "other"
     return "elementwise" if names <= _ELEMENTWISE_OPS else "other"

@@ -2,10 +2,11 @@
 
 Dynamo hands the backend an FX graph of torch-level ops. Regions of supported ops (matmuls,
 linear, RMS norms, softmax, attention without a mask, element-wise arithmetic and activations,
-views of their inputs) are found with torch's ``CapabilityBasedPartitioner``; each one that
-lowers to a mirage kernel graph runs through the ``mirage::region`` custom op (searched per
-input shape, cached), and the rewritten graph goes to the fallback compiler (Inductor by
-default, or eager). A region that does not lower stays torch code, with the reason logged on
+views of their inputs) are found with torch's ``CapabilityBasedPartitioner`` and cut into
+stages and per projection (``plan``); each one that lowers to a mirage kernel graph runs
+through the ``mirage::region`` custom op (searched per input shape with settings by region
+kind under time budgets, cached), and the rewritten graph goes to the fallback compiler
+(Inductor by default, or eager). A region that does not lower stays torch code, with the reason logged on
 the ``mirage.dynamo`` logger.
 """
 

@@ -380,6 +380,8 @@ def test_two_layers_search_each_distinct_region_once(opts):
     records = [s for r in summ["regions"] for s in r["searches"]]
     assert sorted(s["source"] for s in records).count("in-process cache") == 2, records
     assert all(s["time_budget"] == opts["time_budget"] for s in records), records
+    # Both kinds (norm_matmul, matmul) search with the "mlp" preset's settings.
+    assert {s["config"] for s in records} == {"mlp"}, records
 
 
 def test_norm_feeding_projections_splits_per_projection(opts):
@@ -465,11 +467,32 @@ def test_total_budget_skips_later_searches(opts):
     m = nn.Sequential(MLPLayer(), nn.Linear(32, 16, bias=False), MLPLayer(16, 48)).eval()
     x = small(4, 32, seed=34, scale=0.5)
     with torch.no_grad():
-        o = dict(opts, total_time_budget=1e-3)
+        o = dict(opts, total_time_budget=1e-3, config={"max_kernel_ops": 1})
         assert_matches(torch.compile(m, backend="mirage", options=o)(x), m(x))
     st = mi.dynamo_stats()
     assert st["searches"] + st["search_failures"] == 1, st
     assert st["searches_skipped"] >= 2, st
+    records = [s for r in mi.dynamo_summary()["regions"] for s in r["searches"]]
+    searched = [s for s in records if s["source"] not in ("budget spent", "in-process cache")]
+    # The first search got what was left of the total, with the config option's settings.
+    assert len(searched) == 1 and searched[0]["time_budget"] <= 1e-3, records
+    assert searched[0]["config"] == {"max_kernel_ops": 1}, records
+
+
+@pytest.mark.parametrize(
+    "ops, kind",
+    [
+        (["silu", "mul"], "elementwise"),
+        (["matmul"], "matmul"),
+        (["matmul", "add"], "matmul"),
+        (["rms_norm", "mul"], "norm"),
+        (["rms_norm", "mul", "matmul", "silu", "matmul", "mul"], "norm_matmul"),
+        (["matmul", "mul", "softmax", "matmul"], "attention"),
+        (["softmax"], "other"),
+    ],
+)
+def test_region_kinds(ops, kind):
+    assert _dynamo.plan.region_kind(ops) == kind
 
 
 @pytest.mark.gpu

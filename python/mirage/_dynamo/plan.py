@@ -36,7 +36,7 @@ from .lower import _LINEAR, _MATMUL, _POW, _RMS_NORM
 DEFAULT_REGION_BUDGET = 30.0
 #: Seconds all searches of the process may take together when ``total_time_budget`` is not
 #: given (a search that starts before it is spent still gets its own budget).
-DEFAULT_TOTAL_BUDGET = 120.0
+DEFAULT_TOTAL_BUDGET = 300.0
 
 #: ``superoptimize`` settings per region kind (used when the ``config`` option is None).
 #: Element-wise regions are not lowered unless the ``elementwise`` option is on; then one

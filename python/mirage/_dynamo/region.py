@@ -244,7 +244,8 @@ def _search_kwargs(options: Any, device: str, kind: str) -> dict[str, Any]:
     """``superoptimize``'s keywords for a region of ``kind`` (the budget left out)."""
     kwargs: dict[str, Any] = dict(options.search_kwargs)
     kwargs.setdefault("backend", "cuda" if device == "cuda" else "cpu")
-    kwargs.update(plan.kind_settings(kind, options))
+    for k, v in plan.kind_settings(kind, options).items():
+        kwargs.setdefault(k, v)
     if options.cache_dir is not None:
         kwargs["cache_dir"] = options.cache_dir
     kwargs["verbose"] = options.verbose

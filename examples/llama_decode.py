@@ -178,11 +178,18 @@ def print_mirage_summary() -> dict[str, Any]:
     )
     for r in summ["regions"]:
         for s in r["searches"]:
-            confirm = s.get("confirm_seconds")
+            parts = []
+            if s.get("source") == "search":
+                for key, label in (("search_seconds", "search"), ("confirm_seconds", "confirm")):
+                    if s.get(key) is not None:
+                        parts.append(f"{label} {s[key]:.3f} s")
+                prof = s.get("profile_seconds") or {}
+                if prof:
+                    parts.append(f"profile {sum(prof.values()):.2f} s")
             print(
                 f"    {r['name']:<18} {r['kind']:<12} {'+'.join(r['ops']):<44} "
                 f"{s.get('source')!s:<17} {s.get('seconds', 0.0):7.2f} s"
-                + (f" (confirm {confirm:.3f} s)" if confirm is not None else "")
+                + (f" ({', '.join(parts)})" if parts else "")
             )
     reasons: dict[str, int] = {}
     for f in summ["fallbacks"]:

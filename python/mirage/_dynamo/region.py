@@ -296,12 +296,17 @@ def searched(
     if stats.get("source") != "cache":
         plan.BUDGET.charge(seconds)
     add_seconds("search", seconds)
+    selection = stats.get("selection") or {}
     record = {
         "graph": g.hash()[:12],
         "seconds": round(seconds, 3),
         "source": stats.get("source"),
         "search_seconds": stats.get("elapsed"),
+        "saturation_seconds": (stats.get("saturation") or {}).get("elapsed"),
         "confirm_seconds": stats.get("confirm_seconds"),
+        # How the winner was chosen (cost model, or profiled on the GPU with its phases).
+        "selection": selection.get("method"),
+        "profile_seconds": selection.get("phase_seconds"),
         "stopped": stats.get("stopped"),
         "error": stats.get("error"),
         "time_budget": kwargs.get("time_budget"),

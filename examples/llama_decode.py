@@ -226,6 +226,11 @@ def run_case(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str,
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-2
     for name, fn in modes(args).items():
         torch._dynamo.reset()
+        if name == "mirage":
+            # Counters and summary per case (searched graphs stay in the on-disk cache).
+            from mirage._dynamo import clear_caches
+
+            clear_caches()
         searches0 = mirage_searches() if name == "mirage" else 0
         dec = Decoder(model, batch, max_len, fn)
         toks, logits, first = dec.decode(prompt, args.steps)

@@ -10,8 +10,9 @@ and the search time budgets (docs/dynamo.md).
   the search handles well (norm + projections, gated MLP, projection + residual add).
 * **Kinds.** A lowered region is ``elementwise`` (no matmul, norm, softmax or reduction),
   ``matmul`` (matmuls and element-wise ops only), ``norm`` (norms or reductions and
-  element-wise ops), ``norm_matmul`` (a norm or reduction with matmuls), ``attention`` (softmax with matmuls) or ``other``; the kind picks the search
-  settings when the ``config`` option is not given (``KIND_SETTINGS``).
+  element-wise ops), ``norm_matmul`` (a norm or reduction with matmuls), ``attention``
+  (softmax with matmuls) or ``other``; the kind picks the search settings when the
+  ``config`` option is not given (``KIND_SETTINGS``).
 * **Budgets.** Each search gets ``time_budget`` seconds (default ``DEFAULT_REGION_BUDGET``)
   and all searches of the process together ``total_time_budget`` seconds (default
   ``DEFAULT_TOTAL_BUDGET``; a search gets at most what is left); a region whose search would
@@ -35,12 +36,12 @@ from .lower import _LINEAR, _MATMUL, _POW, _RMS_NORM
 #: Seconds a region's search may run when the ``time_budget`` option is not given.
 DEFAULT_REGION_BUDGET = 30.0
 #: Seconds all searches of the process may take together when ``total_time_budget`` is not
-#: given (a search that starts before it is spent still gets its own budget).
+#: given (a search gets at most what is left of it).
 DEFAULT_TOTAL_BUDGET = 300.0
 
 #: ``superoptimize`` settings per region kind (used when the ``config`` option is None).
 #: Element-wise regions are not lowered unless the ``elementwise`` option is on; then one
-#: customized kernel suffices. Projections with a norm prologue or an element-wise epilogue
+#: customized kernel suffices, as for a norm alone. Projections with a norm prologue or an element-wise epilogue
 #: (norm + linear, gated MLP, linear + residual) are the ``"mlp"`` preset's µGraphs (one
 #: customized kernel): on the CPU its search took 0.5 s for RMSNorm + Linear(64, 64) and
 #: 2.3 s for RMSNorm + gated MLP(64, 176), against 5.5 s and 19.6 s with the defaults (two

@@ -516,3 +516,22 @@ def test_llama_block_fp16_on_the_gpu(tmp_path):
     records = [s for r in summ["regions"] for s in r["searches"]]
     assert records and all(s["time_budget"] == 60.0 for s in records), records
     assert summ["counters"]["searches_skipped"] == 0
+
+
+@pytest.mark.gpu
+def test_tiny_llama_decode_on_the_gpu(tmp_path, monkeypatch):
+    """The decode example's tiny LLaMA at float16 on CUDA: the same tokens as eager, each
+    distinct region graph searched (and profiled) once, nothing searched in the loop."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "examples"))
+    import llama_decode
+
+    argv = ["--tiny", "--device", "cuda", "--batch", "2", "--dtype", "fp16", "--steps", "4"]
+    argv += ["--modes", "eager", "mirage", "--loop-steps", "4", "--no-timing"]
+    assert llama_decode.main(argv) == 0
+    summ = mi.dynamo_summary()
+    records = [s for r in summ["regions"] for s in r["searches"]]
+    searched = [s["graph"] for s in records if s["source"] in ("search", "as_given", "failed")]
+    assert searched and len(searched) == len(set(searched)), records
+    assert summ["counters"]["searches_skipped"] == 0, summ["counters"]

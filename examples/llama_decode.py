@@ -13,6 +13,8 @@ Inductor (``max-autotune-no-cudagraphs`` and ``default``, the faster counts) and
 
 ``--loop-steps 256`` decodes that many further steps with the mirage-compiled step and reports
 how many searches they started (the backend's counters; the goal is none after the first step).
+After the mirage mode the backend's summary is printed (``mirage.dynamo_summary()``): regions
+lowered and left to the fallback, each region's search seconds, and seconds per phase.
 Needs ``transformers`` (>= 4.46, for ``StaticCache``).
 """
 
@@ -157,6 +159,46 @@ def mirage_searches() -> int:
     return int(mirage.dynamo_stats()["searches"])
 
 
+def print_mirage_summary() -> dict[str, Any]:
+    """Prints the backend's summary (regions lowered and left to the fallback, each region's
+    search seconds, seconds per phase) and returns it."""
+    import mirage
+
+    summ = mirage.dynamo_summary()
+    c, sec = summ["counters"], summ["seconds"]
+    print(
+        f"  mirage: {c['regions_lowered']} regions lowered, {c['regions_fallback']} left to the "
+        f"fallback; {c['searches']} searches, {c['graph_cache_hits']} in-process and "
+        f"{c['search_disk_hits']} on-disk cache hits, {c['searches_skipped']} skipped (budget)"
+    )
+    print(
+        "  mirage seconds: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sec.items())
+        + " (search: superoptimize calls, confirmation included)"
+    )
+    for r in summ["regions"]:
+        for s in r["searches"]:
+            parts = []
+            if s.get("source") == "search":
+                for key, label in (("search_seconds", "search"), ("confirm_seconds", "confirm")):
+                    if s.get(key) is not None:
+                        parts.append(f"{label} {s[key]:.3f} s")
+                prof = s.get("profile_seconds") or {}
+                if prof:
+                    parts.append(f"profile {sum(prof.values()):.2f} s")
+            print(
+                f"    {r['name']:<18} {r['kind']:<12} {'+'.join(r['ops']):<44} "
+                f"{s.get('source')!s:<17} {s.get('seconds', 0.0):7.2f} s"
+                + (f" ({', '.join(parts)})" if parts else "")
+            )
+    reasons: dict[str, int] = {}
+    for f in summ["fallbacks"]:
+        reasons[f["reason"][:90]] = reasons.get(f["reason"][:90], 0) + 1
+    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"    fallback x{n}: {why}")
+    return summ
+
+
 def modes(args: argparse.Namespace) -> dict[str, Callable[[Any], Any]]:
     """Each mode's way to compile the step function."""
     out: dict[str, Callable[[Any], Any]] = {"eager": lambda f: f}
@@ -165,6 +207,8 @@ def modes(args: argparse.Namespace) -> dict[str, Callable[[Any], Any]]:
     opts: dict[str, Any] = {"verbose": args.verbose}
     if args.time_budget is not None:
         opts["time_budget"] = args.time_budget
+    if args.total_budget is not None:
+        opts["total_time_budget"] = args.total_budget
     out["mirage"] = lambda f: torch.compile(f, backend="mirage", dynamic=False, options=opts)
     return {k: v for k, v in out.items() if k.split(":")[0] in args.modes}
 
@@ -182,6 +226,11 @@ def run_case(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str,
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-2
     for name, fn in modes(args).items():
         torch._dynamo.reset()
+        if name == "mirage":
+            # Counters and summary per case (searched graphs stay in the on-disk cache).
+            from mirage._dynamo import clear_caches
+
+            clear_caches()
         searches0 = mirage_searches() if name == "mirage" else 0
         dec = Decoder(model, batch, max_len, fn)
         toks, logits, first = dec.decode(prompt, args.steps)
@@ -204,6 +253,9 @@ def run_case(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str,
                         dec.step(dec.ids, dec.pos)
                 entry["loop_steps"] = args.loop_steps
                 entry["searches_in_loop"] = mirage_searches() - before
+        if name == "mirage":
+            summ = print_mirage_summary()
+            entry["search_seconds"] = summ["seconds"]["search"]
         if args.device == "cuda" and not args.no_timing:
             entry["step_us"] = round(time_step(dec, args.warmup, args.replays, args.calls), 2)
         row["modes"][name] = entry
@@ -230,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="a small model of the same family")
     p.add_argument("--modes", nargs="+", default=["eager", "inductor", "mirage"])
     p.add_argument("--inductor-modes", nargs="*", default=["max-autotune-no-cudagraphs", "default"])
-    p.add_argument("--time-budget", type=float, default=None, help="mirage search seconds")
+    p.add_argument("--time-budget", type=float, default=None, help="mirage seconds per search")
+    p.add_argument("--total-budget", type=float, default=None, help="mirage seconds, all searches")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--replays", type=int, default=20)

@@ -289,6 +289,10 @@ def test_bad_options_are_refused():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="fallback"):
         torch.compile(lambda x: x + 1, backend="mirage", options={"fallback": "tvm"})(torch.ones(2))
+    for bad in ({"total_time_budget": -1}, {"time_budget": 0}, {"total_time_budget": True}):
+        with pytest.raises(ValueError, match="budget must be a positive number"):
+            _dynamo.BackendOptions.parse(bad)
+    assert _dynamo.BackendOptions.parse({"time_budget": None}).time_budget is None
 
 
 def test_backend_is_found_by_name_without_importing_mirage():
@@ -303,7 +307,8 @@ def test_backend_is_found_by_name_without_importing_mirage():
         """
         import sys, torch
         f = torch.compile(lambda x: torch.nn.functional.silu(x) * x, backend="mirage",
-                          options={"fallback": "eager", "search": False})
+                          options={"fallback": "eager", "search": False,
+                                   "elementwise": True})
         x = torch.randn(4, 8)
         torch.testing.assert_close(f(x), torch.nn.functional.silu(x) * x)
         assert "mirage" in sys.modules
@@ -325,8 +330,9 @@ def test_backend_is_found_by_name_without_importing_mirage():
 
 
 def test_llama_like_block_with_dynamic_shapes(opts):
-    """Views of computed values split the block into three regions (norm + QKV, attention,
-    output projection + norm + MLP); the head split's views stay torch code."""
+    """Views of computed values split the block into norm + QKV, attention and the rest; the
+    rest is cut into stages (output projection + residual, norm + gated MLP, down projection +
+    residual); the head split's views stay torch code."""
     torch.manual_seed(0)
     m = Block(d=64, h=4, f=128).eval()
     f = torch.compile(m, backend="mirage", options=dict(opts, search=False), dynamic=True)
@@ -335,7 +341,158 @@ def test_llama_like_block_with_dynamic_shapes(opts):
             x = small(b, s, 64, seed=b + s)
             assert_matches(f(x), m(x))
     st = mi.dynamo_stats()
-    assert st["compiles"] == 1 and st["regions"] == 3 and st["regions_lowered"] == 3, st
+    assert st["compiles"] == 1 and st["regions"] == 5 and st["regions_lowered"] == 5, st
+    kinds = sorted(r["kind"] for r in mi.dynamo_summary()["regions"])
+    assert kinds == ["attention", "matmul", "matmul", "norm_matmul", "norm_matmul"], kinds
+
+
+class MLPLayer(nn.Module):
+    """``x + down(silu(gate(n(x))) * up(n(x)))``: a LLaMA layer without attention."""
+
+    def __init__(self, d: int = 32, f: int = 64) -> None:
+        super().__init__()
+        self.n = LlamaRMSNorm(d, 1e-5)
+        self.mlp = SwiGLU(d, f)
+        self.down = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        return x + self.down(self.mlp(self.n(x)))
+
+
+def region_ops(summary):
+    return sorted("+".join(r["ops"]) for r in summary["regions"])
+
+
+def test_two_layers_search_each_distinct_region_once(opts):
+    """Two layers of the same shapes: four regions (norm + gated MLP, down projection +
+    residual, per layer), two distinct graphs, each searched once (the second layer's are
+    in-process cache hits); every search got the per-region budget."""
+    torch.manual_seed(0)
+    m = nn.Sequential(MLPLayer(), MLPLayer()).eval()
+    x = small(4, 32, seed=30, scale=0.5)
+    with torch.no_grad():
+        assert_matches(torch.compile(m, backend="mirage", options=opts)(x), m(x))
+    summ = mi.dynamo_summary()
+    st = summ["counters"]
+    assert st["regions_lowered"] == 4, st
+    assert region_ops(summ) == ["matmul+add"] * 2 + ["rms_norm+mul+matmul+silu+matmul+mul"] * 2
+    assert st["searches"] + st["search_failures"] == 2 and st["graph_cache_hits"] == 2, st
+    records = [s for r in summ["regions"] for s in r["searches"]]
+    assert sorted(s["source"] for s in records).count("in-process cache") == 2, records
+    assert all(s["time_budget"] == opts["time_budget"] for s in records), records
+    # Both kinds (norm_matmul, matmul) search with the "mlp" preset's settings.
+    assert {s["config"] for s in records} == {"mlp"}, records
+
+
+def test_norm_feeding_projections_splits_per_projection(opts):
+    """A norm feeding three projections (Q, K, V) becomes three norm + projection regions (the
+    norm copied into each); with ``split=False`` it is one region of three outputs."""
+    torch.manual_seed(0)
+    n = LlamaRMSNorm(32, 1e-5)
+    q, k, v = (nn.Linear(32, o, bias=False) for o in (32, 16, 16))
+
+    def f(x):
+        h = n(x)
+        return q(h), k(h), v(h)
+
+    x = small(4, 32, seed=31)
+    with torch.no_grad():
+        for split, regions in ((True, 3), (False, 1)):
+            torch._dynamo.reset()
+            _dynamo.clear_caches()
+            o = dict(opts, search=False, split=split)
+            assert_matches(torch.compile(f, backend="mirage", options=o)(x), f(x))
+            summ = mi.dynamo_summary()
+            assert summ["counters"]["regions_lowered"] == regions, summ["counters"]
+    # The last summary is split=False's: one region, all three projections.
+    ops = [r["ops"] for r in mi.dynamo_summary()["regions"]]
+    assert ["rms_norm", "mul", "matmul", "matmul", "matmul"] in ops, ops
+
+
+def test_elementwise_regions_are_left_to_the_fallback(opts, caplog):
+    def f(x):
+        return F.silu(x) * x + 1.0
+
+    x = small(4, 32, seed=32)
+    with caplog.at_level(logging.INFO, logger="mirage.dynamo"):
+        assert_matches(torch.compile(f, backend="mirage", options=opts)(x), f(x))
+    summ = mi.dynamo_summary()
+    assert summ["counters"]["regions_lowered"] == 0
+    assert ["element-wise" in r["reason"] for r in summ["fallbacks"]] == [True]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        o = dict(opts, elementwise=True, search=False)
+        assert_matches(torch.compile(f, backend="mirage", options=o)(x), f(x))
+    assert mi.dynamo_stats()["regions_lowered"] == 1
+
+
+def test_trailing_slice_stays_torch_code(opts):
+    """``lm_head(h)[:, -1, :]``: the partitioner puts the slice in the projection's region;
+    it is taken out (torch code after the region), so the projection still lowers."""
+    proj = nn.Linear(32, 48, bias=False)
+
+    def f(x):
+        return proj(x)[:, -1, :]
+
+    x = small(2, 3, 32, seed=35)
+    with torch.no_grad():
+        assert_matches(torch.compile(f, backend="mirage", options=opts)(x), f(x))
+    summ = mi.dynamo_summary()
+    assert summ["counters"]["regions_lowered"] == 1, summ
+    assert [r["ops"] for r in summ["regions"]] == [["matmul"]]
+
+
+def test_search_stops_at_the_region_budget(opts):
+    """Unsplit, two layers are one region of 12 ops and 2 outputs: its search would run for
+    minutes; with ``time_budget=1`` it stops near 1 s and the region still matches eager."""
+    torch.manual_seed(0)
+    m = nn.Sequential(MLPLayer(), MLPLayer()).eval()
+    x = small(4, 32, seed=33, scale=0.5)
+    o = dict(opts, split=False, time_budget=1.0, search_kwargs={})
+    with torch.no_grad():
+        assert_matches(torch.compile(m, backend="mirage", options=o)(x), m(x))
+    (record,) = [s for r in mi.dynamo_summary()["regions"] for s in r["searches"]]
+    assert record["time_budget"] == 1.0, record
+    # Stopped by the budget: with nothing found (the lowered graph runs as it is) or with the
+    # best found so far.
+    stopped = record["stopped"] == "time_budget" or "time budget ran out" in (record["error"] or "")
+    assert stopped, record
+    assert record["seconds"] < 20, record
+
+
+def test_total_budget_skips_later_searches(opts):
+    """Once the searches of the process have spent ``total_time_budget``, further regions run
+    their lowered graphs unsearched (and still match eager)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(MLPLayer(), nn.Linear(32, 16, bias=False), MLPLayer(16, 48)).eval()
+    x = small(4, 32, seed=34, scale=0.5)
+    with torch.no_grad():
+        o = dict(opts, total_time_budget=1e-3, config={"max_kernel_ops": 1})
+        assert_matches(torch.compile(m, backend="mirage", options=o)(x), m(x))
+    st = mi.dynamo_stats()
+    assert st["searches"] + st["search_failures"] == 1, st
+    assert st["searches_skipped"] >= 2, st
+    records = [s for r in mi.dynamo_summary()["regions"] for s in r["searches"]]
+    searched = [s for s in records if s["source"] not in ("budget spent", "in-process cache")]
+    # The first search got what was left of the total, with the config option's settings.
+    assert len(searched) == 1 and searched[0]["time_budget"] <= 1e-3, records
+    assert searched[0]["config"] == {"max_kernel_ops": 1}, records
+
+
+@pytest.mark.parametrize(
+    "ops, kind",
+    [
+        (["silu", "mul"], "elementwise"),
+        (["matmul"], "matmul"),
+        (["matmul", "add"], "matmul"),
+        (["rms_norm", "mul"], "norm"),
+        (["rms_norm", "mul", "matmul", "silu", "matmul", "mul"], "norm_matmul"),
+        (["matmul", "mul", "softmax", "matmul"], "attention"),
+        (["softmax"], "other"),
+    ],
+)
+def test_region_kinds(ops, kind):
+    assert _dynamo.plan.region_kind(ops) == kind
 
 
 @pytest.mark.gpu
@@ -348,9 +505,33 @@ def test_llama_block_fp16_on_the_gpu(tmp_path):
     for p in m.parameters():
         p.data *= 0.5
     x = torch.randn(2, 16, 256, device="cuda", dtype=torch.float16)
-    opts = {"cache_dir": str(tmp_path), "time_budget": 60.0}
+    opts = {"cache_dir": str(tmp_path), "time_budget": 60.0, "total_time_budget": None}
     with torch.no_grad():
         ref = m(x)
         out = torch.compile(m, backend="mirage", options=opts)(x)
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
-    assert mi.dynamo_stats()["regions_lowered"] >= 2
+    summ = mi.dynamo_summary()
+    assert summ["counters"]["regions_lowered"] >= 2
+    # Every lowered region was searched (profiled on the GPU) under the per-region budget.
+    records = [s for r in summ["regions"] for s in r["searches"]]
+    assert records and all(s["time_budget"] == 60.0 for s in records), records
+    assert summ["counters"]["searches_skipped"] == 0
+
+
+@pytest.mark.gpu
+def test_tiny_llama_decode_on_the_gpu(tmp_path, monkeypatch):
+    """The decode example's tiny LLaMA at float16 on CUDA: the same tokens as eager, each
+    distinct region graph searched (and profiled) once, nothing searched in the loop."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "examples"))
+    import llama_decode
+
+    argv = ["--tiny", "--device", "cuda", "--batch", "2", "--dtype", "fp16", "--steps", "4"]
+    argv += ["--modes", "eager", "mirage", "--loop-steps", "4", "--no-timing"]
+    assert llama_decode.main(argv) == 0
+    summ = mi.dynamo_summary()
+    records = [s for r in summ["regions"] for s in r["searches"]]
+    searched = [s["graph"] for s in records if s["source"] in ("search", "as_given", "failed")]
+    assert searched and len(searched) == len(set(searched)), records
+    assert summ["counters"]["searches_skipped"] == 0, summ["counters"]

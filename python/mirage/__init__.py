@@ -47,6 +47,7 @@ __all__ = [
     "convert_dtype_to_torch_type",
     "convert_torch_type_to_dtype",
     "dynamo_stats",
+    "dynamo_summary",
     "explain",
     "float16",
     "float32",
@@ -112,6 +113,15 @@ def dynamo_stats() -> dict[str, int]:
     from ._dynamo import dynamo_stats as stats
 
     return stats()
+
+
+def dynamo_summary() -> dict[str, Any]:
+    """The backend's counters, seconds per phase (rewrite, Inductor, lowering, search), each
+    lowered region's kind, ops and search records, and the regions left to the fallback with
+    their reasons (docs/dynamo.md). Imports torch."""
+    from ._dynamo import dynamo_summary as summary
+
+    return summary()
 
 
 def _mirage_dynamo_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:

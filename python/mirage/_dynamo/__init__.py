@@ -2,10 +2,11 @@
 
 Dynamo hands the backend an FX graph of torch-level ops. Regions of supported ops (matmuls,
 linear, RMS norms, softmax, attention without a mask, element-wise arithmetic and activations,
-views of their inputs) are found with torch's ``CapabilityBasedPartitioner``; each one that
-lowers to a mirage kernel graph runs through the ``mirage::region`` custom op (searched per
-input shape, cached), and the rewritten graph goes to the fallback compiler (Inductor by
-default, or eager). A region that does not lower stays torch code, with the reason logged on
+views of their inputs) are found with torch's ``CapabilityBasedPartitioner`` and cut into
+stages and per projection (``plan``); each one that lowers to a mirage kernel graph runs
+through the ``mirage::region`` custom op (searched per input shape with settings by region
+kind under time budgets, cached), and the rewritten graph goes to the fallback compiler
+(Inductor by default, or eager). A region that does not lower stays torch code, with the reason logged on
 the ``mirage.dynamo`` logger.
 """
 
@@ -13,19 +14,21 @@ from __future__ import annotations
 
 import logging
 import operator
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import fx
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from . import plan as _plan
 from . import region as _region
 from .lower import Unsupported, is_supported_node, lower_region
 
-__all__ = ["BackendOptions", "clear_caches", "dynamo_stats", "mirage_backend"]
+__all__ = ["BackendOptions", "clear_caches", "dynamo_stats", "dynamo_summary", "mirage_backend"]
 
 log = logging.getLogger("mirage.dynamo")
 
@@ -34,19 +37,25 @@ _FALLBACKS = ("inductor", "eager")
 
 @dataclass(frozen=True)
 class BackendOptions:
-    """``torch.compile(..., backend="mirage", options={...})``: the search's ``config``,
-    ``time_budget`` (seconds per search) and ``cache_dir``; ``verbose``; ``fallback``
-    (``"inductor"`` or ``"eager"``: what compiles the rest of the graph); ``search`` (False:
-    run the lowered graphs unsearched); ``bucket`` (pad dynamic rows to powers of two);
-    ``search_kwargs`` (other ``superoptimize`` keywords, e.g. ``{"franges": [4]}``)."""
+    """``torch.compile(..., backend="mirage", options={...})``: the search's ``config`` (None:
+    chosen per region kind), ``time_budget`` (seconds per search; None: unlimited),
+    ``total_time_budget`` (seconds of all searches of the process; None: unlimited) and
+    ``cache_dir``; ``verbose``; ``fallback`` (``"inductor"`` or ``"eager"``: what compiles the
+    rest of the graph); ``search`` (False: run the lowered graphs unsearched); ``bucket`` (pad
+    dynamic rows to powers of two); ``split`` (cut regions into stages and projections);
+    ``elementwise`` (lower regions of element-wise ops only); ``search_kwargs`` (other
+    ``superoptimize`` keywords, e.g. ``{"franges": [4]}``)."""
 
     config: Any = None
-    time_budget: float | None = None
+    time_budget: float | None = _plan.DEFAULT_REGION_BUDGET
+    total_time_budget: float | None = _plan.DEFAULT_TOTAL_BUDGET
     cache_dir: str | None = None
     verbose: bool = False
     fallback: str = "inductor"
     search: bool = True
     bucket: bool = True
+    split: bool = True
+    elementwise: bool = False
     search_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -65,12 +74,14 @@ class BackendOptions:
             raise ValueError(
                 f"mirage backend: fallback must be one of {_FALLBACKS}, got {o.fallback!r}"
             )
-        if o.time_budget is not None and not (
-            isinstance(o.time_budget, (int, float)) and o.time_budget > 0
-        ):
-            raise ValueError(
-                f"mirage backend: time_budget must be a positive number, got {o.time_budget!r}"
-            )
+        for name in ("time_budget", "total_time_budget"):
+            v = getattr(o, name)
+            if v is not None and not (
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            ):
+                raise ValueError(
+                    f"mirage backend: {name} must be a positive number or None, got {v!r}"
+                )
         if not isinstance(o.search_kwargs, Mapping):
             raise TypeError("mirage backend: search_kwargs must be a dict")
         return o
@@ -155,8 +166,11 @@ def _try_region(sub: fx.GraphModule, node: fx.Node, opts: BackendOptions) -> _re
             o.meta["example_value"].dtype if "example_value" in o.meta else trial.dtype
             for o in outs
         ]
+        kind = _plan.region_kind(_plan.graph_ops(trial.graph))
+        if kind == "elementwise" and not opts.elementwise:
+            return "element-wise ops only (the fallback fuses them; option elementwise=True)"
         dynamic = any(_is_dynamic(v) for v in vals)
-        return _region.Region(sub, flatten, dtypes, opts, dynamic, trial)
+        return _region.Region(sub, flatten, dtypes, opts, dynamic, trial, kind)
     return "; ".join(reasons)
 
 
@@ -175,6 +189,7 @@ def _rewrite(gm: fx.GraphModule, opts: BackendOptions) -> fx.GraphModule:
     if not partitions:
         log.info("mirage: no supported ops in the graph")
         return gm
+    partitions = _split(gm, partitions, opts.split)
     fused = part.fuse_partitions(partitions, prefix="mirage_region_")
     for n in fused.graph.find_nodes(op="placeholder"):
         if n.name in sources and not hasattr(n, "_dynamo_source"):
@@ -188,9 +203,11 @@ def _rewrite(gm: fx.GraphModule, opts: BackendOptions) -> fx.GraphModule:
         r = _try_region(sub, node, opts)
         if isinstance(r, str):
             _region.bump("regions_fallback")
+            _region.FALLBACKS.append({"name": str(node.target), "reason": r})
             log.info("mirage: region %s runs through %s: %s", node.target, opts.fallback, r)
             continue
         _region.bump("regions_lowered")
+        r.name = str(node.target)
         log.info(
             "mirage: region %s lowered (%d ops%s)",
             node.target,
@@ -216,6 +233,25 @@ def _rewrite(gm: fx.GraphModule, opts: BackendOptions) -> fx.GraphModule:
     return fused
 
 
+def _split(gm: fx.GraphModule, partitions: list[Partition], split: bool) -> list[Partition]:
+    """Each partition without its trailing slices, and with ``split`` cut into stages and a
+    stage of several projections into one piece per projection (see ``plan``)."""
+    out: list[Partition] = []
+    for p in partitions:
+        nodes = _plan.drop_slices(list(p.nodes))
+        if not nodes:
+            continue
+        if not split:
+            out.append(Partition(id=len(out), nodes=nodes))
+            continue
+        for stage in _plan.split_stages(nodes):
+            for piece in _plan.split_projections(gm, stage):
+                out.append(Partition(id=len(out), nodes=piece))
+    if len(out) != len(partitions):
+        log.info("mirage: %d partitions split into %d regions", len(partitions), len(out))
+    return out
+
+
 def mirage_backend(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -226,20 +262,36 @@ def mirage_backend(
     :class:`BackendOptions`. ``mode`` and other keywords dynamo passes are ignored."""
     opts = BackendOptions.parse(options)
     _region.bump("compiles")
+    t0 = time.perf_counter()
     rewritten = _rewrite(gm, opts)
+    _region.add_seconds("rewrite", time.perf_counter() - t0)
     if opts.fallback == "eager":
         return rewritten
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(rewritten, list(example_inputs))
+    t0 = time.perf_counter()
+    compiled = compile_fx(rewritten, list(example_inputs))
+    _region.add_seconds("fallback_compile", time.perf_counter() - t0)
+    return compiled
 
 
 def dynamo_stats() -> dict[str, int]:
     """The backend's counters: ``compiles``, ``regions`` (found), ``regions_lowered``,
     ``regions_fallback``, ``lowerings`` (per input-shape key), ``searches`` (run),
     ``search_disk_hits`` (served by the on-disk cache), ``graph_cache_hits`` (in-process),
-    ``search_failures`` and ``region_calls``."""
+    ``search_failures``, ``searches_skipped`` (the total budget was spent) and
+    ``region_calls``."""
     return dict(_region.STATS)
+
+
+def dynamo_summary() -> dict[str, Any]:
+    """The counters (``dynamo_stats``), ``seconds`` spent (``rewrite``: partitioning and
+    compile-time lowering; ``fallback_compile``: Inductor; ``lower``: run-time lowering;
+    ``search``: ``superoptimize`` calls), ``regions`` (each lowered region's name, kind, ops
+    and per input-shape key its search record: seconds, source, the search's own seconds,
+    ``confirm_seconds``, ``stopped``) and ``fallbacks`` (name and reason of each region left
+    to the fallback compiler)."""
+    return _region.summary()
 
 
 def clear_caches() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 from torch import fx
 
 from ..kernel import KNGraph
+from . import plan
 from .lower import Lowered, Unsupported, lower_region, materialize, output_fixups
 
 log = logging.getLogger("mirage.dynamo")
@@ -35,20 +37,33 @@ STATS: dict[str, int] = {
     "searches": 0,
     "search_disk_hits": 0,
     "search_failures": 0,
+    "searches_skipped": 0,
     "graph_cache_hits": 0,
     "region_calls": 0,
 }
+#: Seconds spent by phase (``mirage.dynamo_summary()``).
+SECONDS: dict[str, float] = {"rewrite": 0.0, "fallback_compile": 0.0, "lower": 0.0, "search": 0.0}
+#: Regions left to the fallback compiler: name and reason.
+FALLBACKS: list[dict[str, str]] = []
 _LOCK = threading.Lock()
-#: Searched graphs by (graph hash, search options, device type).
-_GRAPHS: dict[tuple[Any, ...], KNGraph] = {}
+#: Searched graphs and their records by (graph hash, search settings, device type).
+_GRAPHS: dict[tuple[Any, ...], tuple[KNGraph, dict[str, Any]]] = {}
 #: Live regions by the key the custom op carries.
 _REGIONS: dict[int, Region] = {}
+#: The first region key the summary reports (regions made before ``clear_caches`` are not).
+_SINCE = 0
 
 
 def bump(name: str, n: int = 1) -> None:
     """Adds ``n`` to counter ``name``."""
     with _LOCK:
         STATS[name] = STATS.get(name, 0) + n
+
+
+def add_seconds(phase: str, seconds: float) -> None:
+    """Adds ``seconds`` to phase ``phase`` of ``SECONDS``."""
+    with _LOCK:
+        SECONDS[phase] = SECONDS.get(phase, 0.0) + seconds
 
 
 def next_pow2(n: int) -> int:
@@ -62,6 +77,8 @@ class _Entry:
     graph: KNGraph
     #: Rows the graph was built for (bucketed), or None.
     rows: int | None
+    #: How the graph was obtained (see ``searched``).
+    record: dict[str, Any]
 
 
 class Region:
@@ -75,8 +92,14 @@ class Region:
         options: Any,
         dynamic: bool,
         trial: Lowered,
+        kind: str = "other",
     ) -> None:
         self.gm = gm
+        #: The region's kind (``plan.region_kind``): it picks the search settings.
+        self.kind = kind
+        #: Its submodule's name in the rewritten graph.
+        self.name = ""
+        self.ops = plan.graph_ops(trial.graph)
         self.flatten = flatten
         self.out_dtypes = list(out_dtypes)
         self.options = options
@@ -136,13 +159,12 @@ class Region:
         return low
 
     def _build(self, inputs: Sequence[Any], rows: int | None) -> _Entry:
+        t0 = time.perf_counter()
         low = self._lower(inputs, rows)
+        add_seconds("lower", time.perf_counter() - t0)
         device = next(x.device for x in inputs if isinstance(x, torch.Tensor)).type
-        return _Entry(
-            low,
-            searched(low.graph, self.options, device),
-            None if rows is None else next_pow2(rows),
-        )
+        graph, record = searched(low.graph, self.options, device, self.kind)
+        return _Entry(low, graph, None if rows is None else next_pow2(rows), record)
 
     def _entry(self, inputs: Sequence[Any]) -> tuple[_Entry, int | None]:
         rows = self._rows(inputs)
@@ -218,50 +240,102 @@ class _FakeRun(fx.Interpreter):
         return super().call_method(target, args, kwargs)
 
 
-def _search_key(options: Any, device: str) -> tuple[Any, ...]:
-    return (
-        repr(options.config),
-        options.time_budget,
-        repr(sorted(options.search_kwargs.items())),
-        device,
-    )
+def _search_kwargs(options: Any, device: str, kind: str) -> dict[str, Any]:
+    """``superoptimize``'s keywords for a region of ``kind`` (the budget left out)."""
+    kwargs: dict[str, Any] = dict(options.search_kwargs)
+    kwargs.setdefault("backend", "cuda" if device == "cuda" else "cpu")
+    for k, v in plan.kind_settings(kind, options).items():
+        kwargs.setdefault(k, v)
+    if options.cache_dir is not None:
+        kwargs["cache_dir"] = options.cache_dir
+    kwargs["verbose"] = options.verbose
+    return kwargs
 
 
-def searched(g: KNGraph, options: Any, device: str) -> KNGraph:
-    """The best graph of ``g``'s search (cached per graph hash, options and device); ``g``
-    itself when searching is off or finds nothing."""
+def searched(
+    g: KNGraph, options: Any, device: str, kind: str = "other"
+) -> tuple[KNGraph, dict[str, Any]]:
+    """The best graph of ``g``'s search (cached per graph hash, search settings and device),
+    and a record of how it was obtained; ``g`` itself when searching is off, the total budget
+    is spent or the search finds nothing."""
     if not options.search:
-        return g
-    key = (g.hash(), *_search_key(options, device))
+        return g, {"source": "not searched"}
+    kwargs = _search_kwargs(options, device, kind)
+    key = (g.hash(), repr(sorted(kwargs.items())), device)
     with _LOCK:
         hit = _GRAPHS.get(key)
     if hit is not None:
         bump("graph_cache_hits")
-        return hit
+        return hit[0], {**hit[1], "source": "in-process cache", "seconds": 0.0}
+    left = plan.BUDGET.left(options)
+    if left <= 0:
+        bump("searches_skipped")
+        log.info(
+            "mirage: the total search budget is spent; graph %s runs unsearched", g.hash()[:12]
+        )
+        return g, {"source": "budget spent"}
+    budget = kwargs.pop("time_budget", None)
+    if budget is not None or left != math.inf:
+        kwargs["time_budget"] = min(budget if budget is not None else math.inf, left)
     from ..search import SearchError
 
-    kwargs: dict[str, Any] = dict(options.search_kwargs)
-    kwargs.setdefault("backend", "cuda" if device == "cuda" else "cpu")
-    if options.config is not None:
-        kwargs["config"] = options.config
-    if options.time_budget is not None:
-        kwargs["time_budget"] = options.time_budget
-    if options.cache_dir is not None:
-        kwargs["cache_dir"] = options.cache_dir
-    kwargs["verbose"] = options.verbose
+    t0 = time.perf_counter()
     try:
         best = g.superoptimize(**kwargs)
     except SearchError as e:
         bump("search_failures")
         log.info("mirage: search found nothing (%s); running the lowered graph as it is", e)
         best = g
+        stats: dict[str, Any] = {"source": "failed", "error": str(e)}
     else:
-        source = (best.search_stats or {}).get("source", "search")
-        bump("searches" if source == "search" else "search_disk_hits")
+        stats = dict(best.search_stats or {})
+        source = stats.get("source", "search")
+        bump("searches" if source in ("search", "as_given") else "search_disk_hits")
         log.debug("mirage: searched graph %s (%s)", g.hash()[:12], source)
+    seconds = time.perf_counter() - t0
+    if stats.get("source") != "cache":
+        plan.BUDGET.charge(seconds)
+    add_seconds("search", seconds)
+    selection = stats.get("selection") or {}
+    record = {
+        "graph": g.hash()[:12],
+        "seconds": round(seconds, 3),
+        "source": stats.get("source"),
+        "search_seconds": stats.get("elapsed"),
+        "saturation_seconds": (stats.get("saturation") or {}).get("elapsed"),
+        "confirm_seconds": stats.get("confirm_seconds"),
+        # How the winner was chosen (cost model, or profiled on the GPU with its phases).
+        "selection": selection.get("method"),
+        "profile_seconds": selection.get("phase_seconds"),
+        "stopped": stats.get("stopped"),
+        "error": stats.get("error"),
+        "time_budget": kwargs.get("time_budget"),
+        "config": kwargs.get("config"),
+    }
     with _LOCK:
-        _GRAPHS[key] = best
-    return best
+        _GRAPHS[key] = (best, record)
+    return best, record
+
+
+def summary() -> dict[str, Any]:
+    """The backend's summary (``mirage.dynamo_summary()``)."""
+    with _LOCK:
+        regions = [
+            {
+                "name": r.name,
+                "kind": r.kind,
+                "ops": list(r.ops),
+                "searches": [dict(e.record) for e in r.entries.values()],
+            }
+            for k, r in _REGIONS.items()
+            if k >= _SINCE
+        ]
+        return {
+            "counters": dict(STATS),
+            "seconds": {k: round(v, 3) for k, v in SECONDS.items()},
+            "regions": regions,
+            "fallbacks": [dict(f) for f in FALLBACKS],
+        }
 
 
 def region_by_key(key: int) -> Region:
@@ -270,11 +344,18 @@ def region_by_key(key: int) -> Region:
 
 
 def clear_caches() -> None:
-    """Forgets the searched graphs and the counters (regions already compiled keep theirs)."""
+    """Forgets the searched graphs, the counters and the summary (regions already compiled
+    keep their graphs)."""
+    global _SINCE
     with _LOCK:
+        _SINCE = len(_REGIONS)
         _GRAPHS.clear()
         for k in STATS:
             STATS[k] = 0
+        for k in SECONDS:
+            SECONDS[k] = 0.0
+        FALLBACKS.clear()
+    plan.BUDGET.reset()
 
 
 # ---------------------------------------------------------------------------- custom op

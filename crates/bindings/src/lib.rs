@@ -30,6 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_RUN_BLOCKS", mirage::limits::MAX_RUN_BLOCKS)?;
     // The element-wise unary op registry, `(name, doc)` pairs (docs/ops.md).
     m.add("UNARY_OPS", convert::unary_ops())?;
+    m.add("BINARY_OPS", convert::binary_ops())?;
     // SHA-256 of the sources behind search results and generated code (see build.rs).
     m.add("__build_hash__", env!("MIRAGE_BUILD_HASH"))?;
     Ok(())

@@ -34,6 +34,7 @@ pub mod ops;
 pub mod registry;
 pub mod scalar;
 pub mod smem;
+pub mod structural;
 pub mod target;
 pub mod tensor;
 pub mod thread;
@@ -51,6 +52,7 @@ pub use kernel::{lifted_rank, DTensor, KernelGraph, KernelOp, KernelOpKind, Outp
 pub use ops::{Accum, BinaryOp, UnaryOp};
 pub use registry::{BinaryCuda, BinaryDef, BinaryLax, KernelSearch, Lax, UnaryDef, BINARY_OPS, UNARY_OPS};
 pub use scalar::Scalar;
+pub use structural::{structural, Level, StructuralDef, STRUCTURAL_OPS};
 pub use target::{Budgets, DeviceAttr, Target};
 pub use tensor::Tensor;
 pub use thread::{fuse_elementwise, FusedGroup, ThreadGraph, ThreadOp};

@@ -17,6 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::scalar::Scalar;
+use crate::structural::STRUCTURAL_OPS;
 
 /// How the verifier's LAX check reads an op (see `mirage_verify::lax`). Degrees are the
 /// `(num, den)` bounds on numerator and denominator degree of a rational function of the inputs;
@@ -346,10 +347,11 @@ impl BinaryOp {
     }
 }
 
-/// `docs/ops.md`: the element-wise op tables, rendered from [`UNARY_OPS`] and [`BINARY_OPS`].
+/// `docs/ops.md`: the op tables, rendered from [`UNARY_OPS`], [`BINARY_OPS`] and
+/// [`STRUCTURAL_OPS`].
 pub fn ops_markdown() -> String {
     let mut s = String::from(
-        "# Element-wise ops\n\n\
+        "# Ops\n\n\
          Generated from the registry (`crates/ugraph/src/registry.rs`) by\n\
          `MIRAGE_BLESS=1 cargo test -p mirage-ugraph registry`; a test checks it matches.\n\n\
          ## Unary ops\n\n\
@@ -401,6 +403,24 @@ pub fn ops_markdown() -> String {
             if d.commutative { "yes" } else { "no" },
             d.cuda.expr("a", "b"),
         ));
+    }
+    s.push_str(
+        "\n## Structural ops\n\n\
+         The ops that are not element-wise (`crates/ugraph/src/structural.rs`): kernel-graph ops\n\
+         are `g.<name>(..)`, block-graph ops `tb.<name>(..)`. Their interpreter, verifier rule and\n\
+         code generator stay with each op.\n\n\
+         | name | operands | results | shape |\n\
+         |------|----------|---------|-------|\n",
+    );
+    for d in STRUCTURAL_OPS {
+        let count = |n: usize| if n == usize::MAX { "any".to_string() } else { n.to_string() };
+        let operands = match (d.min_operands, d.max_operands) {
+            (lo, hi) if lo == hi => count(lo),
+            (0, usize::MAX) => "any".to_string(),
+            (lo, hi) => format!("{lo} or {hi}"),
+        };
+        let results = if d.results == usize::MAX { "one per output".to_string() } else { count(d.results) };
+        s.push_str(&format!("| `{}` | {operands} | {results} | {} |\n", d.name, d.shape));
     }
     s
 }
@@ -510,7 +530,8 @@ mod tests {
         }
         let have = std::fs::read_to_string(path).unwrap_or_default();
         assert!(have == want, "docs/ops.md is stale: run MIRAGE_BLESS=1 cargo test -p mirage-ugraph registry");
-        for name in UNARY_OPS.iter().map(|d| d.name).chain(BINARY_OPS.iter().map(|d| d.name)) {
+        let structural = STRUCTURAL_OPS.iter().map(|d| d.name);
+        for name in UNARY_OPS.iter().map(|d| d.name).chain(BINARY_OPS.iter().map(|d| d.name)).chain(structural) {
             assert!(have.contains(&format!("| `{name}` |")), "docs/ops.md lacks {name}");
         }
     }

@@ -8,7 +8,7 @@
 //!    imaps and fmaps follow from the labels (an input lacking a label is replicated / not
 //!    iterated) and are filtered by the user's `imaps` / `fmaps`; block dims from `blockdims`.
 //! 2. **Ops**, depth first: matmul, the registry's unary ops (docs/ops.md), `rms_norm`, reductions,
-//!    `add mul div` and the accumulators `None sum rms sum_todimx`. A new op is allowed only if
+//!    the registry's binary ops with `block_search` (`add mul div`) and the accumulators `None sum rms sum_todimx`. A new op is allowed only if
 //!    its key `(largest operand id, operands, op type)` is larger than the previous op's (the
 //!    reference's canonical order: each DAG is built in one order). It must be well shaped,
 //!    respect phases (no loop tensor meets a post-loop one; an accumulator closes the loop over

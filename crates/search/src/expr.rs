@@ -41,7 +41,9 @@ use std::str::FromStr;
 use std::sync::OnceLock;
 
 use egg::{define_language, Analysis, DidMerge, EGraph, FromOp, Id, Language, RecExpr, Symbol};
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, UnaryOp, BINARY_OPS, UNARY_OPS};
+use mirage_ugraph::{
+    Accum, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, UnaryOp, BINARY_OPS, UNARY_OPS,
+};
 
 use crate::labels::{BlockLabels, GraphLabels, Label, NO_INDEX};
 

@@ -783,11 +783,7 @@ impl<'a> Dfs<'a> {
         let kind = step.code.kind(self.env.eps);
         let dims = [a.shape.dims(), b.shape.dims()];
         let labels = [a.shape.labels(), b.shape.labels()];
-        let n = if step.a == step.b && !matches!(step.code, Code::Matmul | Code::Binary(_)) {
-            1
-        } else {
-            2
-        };
+        let n = if step.a == step.b && !matches!(step.code, Code::Matmul | Code::Binary(_)) { 1 } else { 2 };
         let mut sink = self.env.oracle.sink();
         match op_term(&mut sink, OpRef::Block(&kind, self.ctx), &ins[..n], &dims[..n], &labels[..n]) {
             Ok(Some(id)) => Ok(Some(id)),
@@ -956,11 +952,8 @@ mod tests {
             assert_eq!(Code::Unary(code).kind(0.0), BlockOpKind::Unary { op: d.op }, "{}", d.name);
         }
         let tried: Vec<_> = block_binary_ops().map(|(b, d)| (Code::Binary(b).kind(0.0), d.name)).collect();
-        let want: Vec<_> = BINARY_OPS
-            .iter()
-            .filter(|d| d.block_search)
-            .map(|d| (BlockOpKind::Binary { op: d.op }, d.name))
-            .collect();
+        let want: Vec<_> =
+            BINARY_OPS.iter().filter(|d| d.block_search).map(|d| (BlockOpKind::Binary { op: d.op }, d.name)).collect();
         assert_eq!(tried, want);
         assert!(!want.is_empty());
         // The canonical key orders binary steps by registry order, after reductions.

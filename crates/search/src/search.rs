@@ -485,8 +485,11 @@ fn predefined_ops(ctx: &Ctx<'_>, state: &KState) -> Vec<(KernelOpKind, Vec<usize
                 // The registry's binary ops (docs/ops.md): those searched always, then those of
                 // the second pass; a commutative op once per unordered pair (`a <= b`), the
                 // others once per ordered pair of distinct tensors.
-                let passes: &[KernelSearch] =
-                    if ctx.row_ops { &[KernelSearch::Always, KernelSearch::SecondPass] } else { &[KernelSearch::Always] };
+                let passes: &[KernelSearch] = if ctx.row_ops {
+                    &[KernelSearch::Always, KernelSearch::SecondPass]
+                } else {
+                    &[KernelSearch::Always]
+                };
                 for &pass in passes {
                     for d in BINARY_OPS.iter().filter(|d| d.kernel_search == pass) {
                         let once = if d.commutative { a <= b } else { a != b };

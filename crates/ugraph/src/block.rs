@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, shape_err, Result};
 use crate::limits::{check_size, checked_size_mul, MAX_EXTENT};
-use crate::structural::{self as st, StructuralDef};
 use crate::ops::{broadcast_dims, concat_dims, matmul_dims, reduce_dims, Accum, BinaryOp, UnaryOp};
+use crate::structural::{self as st, StructuralDef};
 use crate::target::Target;
 use crate::types::{check_dims, numel, resolve_dim, same_dtype, DType};
 

@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 use crate::block::{BlockGraph, BlockOpKind};
 use crate::error::{invalid, shape_err, Error, Result};
 use crate::limits::check_size;
-use crate::structural::{self as st, StructuralDef};
 use crate::ops::{broadcast_dims, matmul_dims, reduce_dims, BinaryOp, UnaryOp};
+use crate::structural::{self as st, StructuralDef};
 use crate::types::{check_dims, check_strides, resolve_dim, row_major_strides, same_dtype, DType};
 
 /// Index of a tensor in its kernel graph.

@@ -19,6 +19,9 @@ __build_hash__: str
 #: The element-wise unary op registry: ``(name, doc)`` pairs in registry order (docs/ops.md);
 #: each is ``KernelGraph.unary(name, a)`` / ``BlockGraph.unary(name, a)``.
 UNARY_OPS: list[tuple[str, str]]
+#: The element-wise binary op registry: ``(name, doc)`` pairs in registry order (docs/ops.md);
+#: each is ``KernelGraph.binary(name, a, b)`` / ``BlockGraph.binary(name, a, b)``.
+BINARY_OPS: list[tuple[str, str]]
 
 class KernelGraph:
     def __init__(self) -> None: ...

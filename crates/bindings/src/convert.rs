@@ -1,6 +1,6 @@
 //! Conversions between Python arguments and the core's types, and the one error mapping.
 
-use mirage::{Accum, BinaryOp, DType, Error, UnaryOp, UNARY_OPS};
+use mirage::{Accum, BinaryOp, DType, Error, UnaryOp, BINARY_OPS, UNARY_OPS};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::PyErr;
 
@@ -65,16 +65,17 @@ pub fn unary_ops() -> Vec<(&'static str, &'static str)> {
     UNARY_OPS.iter().map(|d| (d.name, d.doc)).collect()
 }
 
-/// Parses an element-wise binary op.
+/// The registry's binary ops as `(name, doc)` pairs (docs/ops.md).
+pub fn binary_ops() -> Vec<(&'static str, &'static str)> {
+    BINARY_OPS.iter().map(|d| (d.name, d.doc)).collect()
+}
+
+/// Parses an element-wise binary op by its registry name.
 pub fn parse_binary(name: &str) -> pyo3::PyResult<BinaryOp> {
-    match name {
-        "add" => Ok(BinaryOp::Add),
-        "sub" => Ok(BinaryOp::Sub),
-        "mul" => Ok(BinaryOp::Mul),
-        "div" => Ok(BinaryOp::Div),
-        "pow" => Ok(BinaryOp::Pow),
-        _ => Err(PyValueError::new_err(format!("unknown binary op {name:?}; expected one of add, sub, mul, div, pow"))),
-    }
+    BinaryOp::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = BINARY_OPS.iter().map(|d| d.name).collect();
+        PyValueError::new_err(format!("unknown binary op {name:?}; expected one of {}", names.join(", ")))
+    })
 }
 
 /// Parses the `acc=` argument of a for-loop accumulator.

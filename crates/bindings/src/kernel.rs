@@ -47,7 +47,7 @@ impl KernelGraph {
         self.inner.unary(op, a).py_err()
     }
 
-    /// Element-wise binary op by name (`add`, `sub`, `mul`, `div`, `pow`).
+    /// Element-wise binary op by its registry name (`add`, `sub`, `mul`, `div`, `pow`).
     fn binary(&mut self, name: &str, a: TensorId, b: TensorId) -> PyResult<TensorId> {
         let op = parse_binary(name)?;
         self.inner.binary(op, a, b).py_err()

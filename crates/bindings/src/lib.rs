@@ -28,8 +28,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_NUMEL", mirage::limits::MAX_NUMEL)?;
     m.add("MAX_RUN_NUMEL", mirage::limits::MAX_RUN_NUMEL)?;
     m.add("MAX_RUN_BLOCKS", mirage::limits::MAX_RUN_BLOCKS)?;
-    // The element-wise unary op registry, `(name, doc)` pairs (docs/ops.md).
+    // The element-wise op registry, `(name, doc)` pairs (docs/ops.md).
     m.add("UNARY_OPS", convert::unary_ops())?;
+    m.add("BINARY_OPS", convert::binary_ops())?;
     // SHA-256 of the sources behind search results and generated code (see build.rs).
     m.add("__build_hash__", env!("MIRAGE_BUILD_HASH"))?;
     Ok(())

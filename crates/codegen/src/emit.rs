@@ -167,15 +167,10 @@ pub(crate) fn unary_expr(op: &UnaryOp, a: &str) -> String {
     }
 }
 
-/// C++ expression applying a binary op to `a` and `b`.
+/// C++ expression applying a binary op to `a` and `b`: the registry's operator or device
+/// function (docs/ops.md).
 pub(crate) fn binary_expr(op: BinaryOp, a: &str, b: &str) -> String {
-    match op {
-        BinaryOp::Add => format!("({a} + {b})"),
-        BinaryOp::Sub => format!("({a} - {b})"),
-        BinaryOp::Mul => format!("({a} * {b})"),
-        BinaryOp::Div => format!("({a} / {b})"),
-        BinaryOp::Pow => format!("mi::op_pow({a}, {b})"),
-    }
+    op.def().cuda.expr(a, b)
 }
 
 #[cfg(test)]
@@ -202,6 +197,25 @@ mod tests {
                 d.cuda.strip_prefix("mi::").unwrap_or_else(|| panic!("{}: {} is not in namespace mi", d.name, d.cuda));
             let def = format!("__device__ __forceinline__ float {f}(float x)");
             assert!(header.contains(&def), "the runtime header lacks `{def}` for {}", d.name);
+        }
+    }
+
+    #[test]
+    fn every_binary_op_is_an_operator_or_a_device_function_the_runtime_header_defines() {
+        let header = crate::runtime::Part::Common.text();
+        for d in mirage_ugraph::BINARY_OPS {
+            match d.cuda {
+                mirage_ugraph::BinaryCuda::Infix(op) => {
+                    assert_eq!(binary_expr(d.op, "a", "b"), format!("(a {op} b)"), "{}", d.name);
+                    assert!(["+", "-", "*", "/"].contains(&op), "{}: `{op}` is not a C++ float operator", d.name);
+                }
+                mirage_ugraph::BinaryCuda::Call(f) => {
+                    assert_eq!(binary_expr(d.op, "a", "b"), format!("{f}(a, b)"), "{}", d.name);
+                    let f = f.strip_prefix("mi::").unwrap_or_else(|| panic!("{}: {f} is not in namespace mi", d.name));
+                    let def = format!("__device__ __forceinline__ float {f}(float a, float b)");
+                    assert!(header.contains(&def), "the runtime header lacks `{def}` for {}", d.name);
+                }
+            }
         }
     }
 }

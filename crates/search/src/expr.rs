@@ -41,7 +41,9 @@ use std::str::FromStr;
 use std::sync::OnceLock;
 
 use egg::{define_language, Analysis, DidMerge, EGraph, FromOp, Id, Language, RecExpr, Symbol};
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, UnaryOp, UNARY_OPS};
+use mirage_ugraph::{
+    Accum, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, UnaryOp, BINARY_OPS, UNARY_OPS,
+};
 
 use crate::labels::{BlockLabels, GraphLabels, Label, NO_INDEX};
 
@@ -331,16 +333,7 @@ pub fn op_term<S: Sink>(
             s.node(Expr::Mul([ins[0], ins[1]])).and_then(|m| sum(s, last_ix(0), last(0), m))
         }
         OpRef::Kernel(K::Unary { op: u }) | OpRef::Block(B::Unary { op: u }, _) => unary(s, u, ins[0]),
-        OpRef::Kernel(K::Binary { op: b }) | OpRef::Block(B::Binary { op: b }, _) => {
-            let pair = [ins[0], ins[1]];
-            s.node(match b {
-                BinaryOp::Add => Expr::Add(pair),
-                BinaryOp::Sub => Expr::Sub(pair),
-                BinaryOp::Mul => Expr::Mul(pair),
-                BinaryOp::Div => Expr::Div(pair),
-                BinaryOp::Pow => Expr::Pow(pair),
-            })
-        }
+        OpRef::Kernel(K::Binary { op: b }) | OpRef::Block(B::Binary { op: b }, _) => binary(s, *b, ins[0], ins[1]),
         OpRef::Kernel(K::Reduction { dim }) | OpRef::Block(B::Reduction { dim }, _) => {
             sum(s, ix(0, *dim), dims[0][*dim], ins[0])
         }
@@ -430,6 +423,26 @@ fn unary<S: Sink>(s: &mut S, u: &UnaryOp, x: Id) -> Option<Id> {
             s.node(unary_templates()[i].clone().map_children(|_| x))
         }
     }
+}
+
+/// The term node of each binary registry op ([`BINARY_OPS`] order), its operands the
+/// placeholders 0 and 1.
+fn binary_templates() -> &'static [Expr] {
+    static T: OnceLock<Vec<Expr>> = OnceLock::new();
+    T.get_or_init(|| {
+        BINARY_OPS
+            .iter()
+            .map(|d| match Expr::from_op(d.term, vec![Id::from(0), Id::from(1)]) {
+                Ok(e) => e,
+                Err(_) => Expr::Other(Symbol::from(d.term), vec![Id::from(0), Id::from(1)]),
+            })
+            .collect()
+    })
+}
+
+fn binary<S: Sink>(s: &mut S, op: BinaryOp, a: Id, b: Id) -> Option<Id> {
+    let t = binary_templates()[op as usize].clone();
+    s.node(t.map_children(|c| if c == Id::from(0) { a } else { b }))
 }
 
 /// Terms of every tensor of a block graph (indexed by stensor id), given its inputs' terms in
@@ -524,6 +537,18 @@ mod tests {
             assert_eq!(b.term(t).to_string(), want, "{}", d.name);
             let parsed: RecExpr<Expr> = want.parse().expect("parses");
             assert_eq!(parsed, b.term(t), "{}", d.name);
+        }
+        for d in BINARY_OPS {
+            let mut b = TermBuilder::new();
+            let x = input_var(&mut b, 0).expect("builds");
+            let y = input_var(&mut b, 1).expect("builds");
+            let t = binary(&mut b, d.op, x, y).expect("builds");
+            let want = format!("({} x0 x1)", d.term);
+            assert_eq!(b.term(t).to_string(), want, "{}", d.name);
+            // Every binary op has a variant of its own (the axioms' patterns name them).
+            assert!(!matches!(b.term(t).as_ref().last(), Some(Expr::Other(..))), "{}", d.name);
+            let swapped = binary(&mut b, d.op, y, x).expect("builds");
+            assert_ne!(t, swapped, "{}: operand order kept", d.name);
         }
         // Existing ops keep their own variants (the axioms' patterns name them).
         let mut b = TermBuilder::new();

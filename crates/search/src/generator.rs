@@ -8,7 +8,7 @@
 //!    imaps and fmaps follow from the labels (an input lacking a label is replicated / not
 //!    iterated) and are filtered by the user's `imaps` / `fmaps`; block dims from `blockdims`.
 //! 2. **Ops**, depth first: matmul, the registry's unary ops (docs/ops.md), `rms_norm`, reductions,
-//!    `add mul div` and the accumulators `None sum rms sum_todimx`. A new op is allowed only if
+//!    the registry's binary ops with `block_search` (`add mul div`) and the accumulators `None sum rms sum_todimx`. A new op is allowed only if
 //!    its key `(largest operand id, operands, op type)` is larger than the previous op's (the
 //!    reference's canonical order: each DAG is built in one order). It must be well shaped,
 //!    respect phases (no loop tensor meets a post-loop one; an accumulator closes the loop over
@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use egg::Id;
 use mirage_ugraph::smem::{self, TileLife};
 use mirage_ugraph::{
-    Accum, BinaryOp, BlockGraph, BlockOpKind, DType, KernelGraph, KernelOpKind, Phase, UnaryOp, UNARY_OPS,
+    Accum, BlockGraph, BlockOpKind, DType, KernelGraph, KernelOpKind, Phase, UnaryOp, BINARY_OPS, UNARY_OPS,
 };
 use rayon::prelude::*;
 
@@ -166,6 +166,11 @@ struct Plan {
 pub(crate) fn unary_ops() -> impl Iterator<Item = UnaryOp> {
     UNARY_OPS.iter().map(|d| d.op)
 }
+/// The binary ops the generator tries, with their `Code::Binary` index, in registry order:
+/// the entries with `block_search` (docs/ops.md).
+fn block_binary_ops() -> impl Iterator<Item = (u8, &'static mirage_ugraph::BinaryDef)> {
+    BINARY_OPS.iter().enumerate().filter(|(_, d)| d.block_search).map(|(i, d)| (i as u8, d))
+}
 const ACCUM: [Accum; 4] = [Accum::None, Accum::Sum, Accum::Rms, Accum::SumToDimx];
 
 /// An op type of the generator (ordered: part of the canonical key).
@@ -175,9 +180,8 @@ enum Code {
     Unary(u8),
     RmsNorm,
     Reduction(u8),
-    Add,
-    Mul,
-    Div,
+    /// A binary op, by its [`BINARY_OPS`] index (the generator tries those with `block_search`).
+    Binary(u8),
     Accum(u8),
 }
 
@@ -188,9 +192,7 @@ impl Code {
             Code::Unary(u) => BlockOpKind::Unary { op: UNARY_OPS[u as usize].op },
             Code::RmsNorm => BlockOpKind::RmsNorm { eps },
             Code::Reduction(d) => BlockOpKind::Reduction { dim: d as usize },
-            Code::Add => BlockOpKind::Binary { op: BinaryOp::Add },
-            Code::Mul => BlockOpKind::Binary { op: BinaryOp::Mul },
-            Code::Div => BlockOpKind::Binary { op: BinaryOp::Div },
+            Code::Binary(b) => BlockOpKind::Binary { op: BINARY_OPS[b as usize].op },
             Code::Accum(a) => {
                 let acc = ACCUM[a as usize];
                 BlockOpKind::ForloopAccum { acc, eps: if acc == Accum::Rms { eps } else { 0.0 } }
@@ -576,12 +578,14 @@ impl<'a> Dfs<'a> {
             }
             for lo in 0..=h {
                 self.try_step(st, Step { code: Code::Matmul, a: lo, b: h }, last);
-                self.try_step(st, Step { code: Code::Add, a: lo, b: h }, last);
-                self.try_step(st, Step { code: Code::Mul, a: lo, b: h }, last);
-                self.try_step(st, Step { code: Code::Div, a: lo, b: h }, last);
+                for (b, _) in block_binary_ops() {
+                    self.try_step(st, Step { code: Code::Binary(b), a: lo, b: h }, last);
+                }
                 if lo != h {
                     self.try_step(st, Step { code: Code::Matmul, a: h, b: lo }, last);
-                    self.try_step(st, Step { code: Code::Div, a: h, b: lo }, last);
+                    for (b, _) in block_binary_ops().filter(|(_, d)| !d.commutative) {
+                        self.try_step(st, Step { code: Code::Binary(b), a: h, b: lo }, last);
+                    }
                 }
             }
         }
@@ -684,7 +688,7 @@ impl<'a> Dfs<'a> {
                 reduced |= al[r - 1].bit();
                 (s, phase2(a.phase, b.phase)?)
             }
-            Code::Add | Code::Mul | Code::Div => {
+            Code::Binary(_) => {
                 let r = a.shape.rank;
                 if b.shape.rank != r {
                     return Err(Reject::IllTyped);
@@ -779,11 +783,7 @@ impl<'a> Dfs<'a> {
         let kind = step.code.kind(self.env.eps);
         let dims = [a.shape.dims(), b.shape.dims()];
         let labels = [a.shape.labels(), b.shape.labels()];
-        let n = if step.a == step.b && !matches!(step.code, Code::Matmul | Code::Add | Code::Mul | Code::Div) {
-            1
-        } else {
-            2
-        };
+        let n = if step.a == step.b && !matches!(step.code, Code::Matmul | Code::Binary(_)) { 1 } else { 2 };
         let mut sink = self.env.oracle.sink();
         match op_term(&mut sink, OpRef::Block(&kind, self.ctx), &ins[..n], &dims[..n], &labels[..n]) {
             Ok(Some(id)) => Ok(Some(id)),
@@ -950,6 +950,17 @@ mod tests {
         for (u, d) in UNARY_OPS.iter().enumerate() {
             let code = u8::try_from(u).expect("fewer than 256 unary ops");
             assert_eq!(Code::Unary(code).kind(0.0), BlockOpKind::Unary { op: d.op }, "{}", d.name);
+        }
+        let tried: Vec<_> = block_binary_ops().map(|(b, d)| (Code::Binary(b).kind(0.0), d.name)).collect();
+        let want: Vec<_> =
+            BINARY_OPS.iter().filter(|d| d.block_search).map(|d| (BlockOpKind::Binary { op: d.op }, d.name)).collect();
+        assert_eq!(tried, want);
+        assert!(!want.is_empty());
+        // The canonical key orders binary steps by registry order, after reductions.
+        assert!(Code::Reduction(u8::MAX) < Code::Binary(0) && Code::Binary(u8::MAX) < Code::Accum(0));
+        for w in tried.windows(2) {
+            let pos = |k: &BlockOpKind| BINARY_OPS.iter().position(|d| BlockOpKind::Binary { op: d.op } == *k);
+            assert!(pos(&w[0].0) < pos(&w[1].0));
         }
     }
 }

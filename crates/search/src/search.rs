@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mirage_ugraph::types::row_major_strides;
-use mirage_ugraph::{graph_hash, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Target, UnaryOp};
+use mirage_ugraph::{
+    graph_hash, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, KernelSearch, Target, UnaryOp, BINARY_OPS,
+};
 use rayon::prelude::*;
 
 use crate::axioms::SaturationReport;
@@ -480,17 +482,20 @@ fn predefined_ops(ctx: &Ctx<'_>, state: &KState) -> Vec<(KernelOpKind, Vec<usize
                 emit(KernelOpKind::Matmul, vec![a, b], dims, labels);
             }
             if let Some((dims, labels)) = broadcast(x, y) {
-                if a <= b {
-                    for op in [BinaryOp::Add, BinaryOp::Mul] {
-                        emit(KernelOpKind::Binary { op }, vec![a, b], dims.clone(), labels.clone());
-                    }
-                }
-                if a != b {
-                    emit(KernelOpKind::Binary { op: BinaryOp::Div }, vec![a, b], dims.clone(), labels.clone());
-                }
-                if a != b && ctx.row_ops {
-                    for op in [BinaryOp::Sub, BinaryOp::Pow] {
-                        emit(KernelOpKind::Binary { op }, vec![a, b], dims.clone(), labels.clone());
+                // The registry's binary ops (docs/ops.md): those searched always, then those of
+                // the second pass; a commutative op once per unordered pair (`a <= b`), the
+                // others once per ordered pair of distinct tensors.
+                let passes: &[KernelSearch] = if ctx.row_ops {
+                    &[KernelSearch::Always, KernelSearch::SecondPass]
+                } else {
+                    &[KernelSearch::Always]
+                };
+                for &pass in passes {
+                    for d in BINARY_OPS.iter().filter(|d| d.kernel_search == pass) {
+                        let once = if d.commutative { a <= b } else { a != b };
+                        if once {
+                            emit(KernelOpKind::Binary { op: d.op }, vec![a, b], dims.clone(), labels.clone());
+                        }
                     }
                 }
             }

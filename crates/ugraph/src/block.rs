@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{invalid, shape_err, Result};
 use crate::limits::{check_size, checked_size_mul, MAX_EXTENT};
 use crate::ops::{broadcast_dims, concat_dims, matmul_dims, reduce_dims, Accum, BinaryOp, UnaryOp};
+use crate::structural::{self as st, StructuralDef};
 use crate::target::Target;
 use crate::types::{check_dims, numel, resolve_dim, same_dtype, DType};
 
@@ -130,31 +131,38 @@ pub enum BlockOpKind {
 impl BlockOpKind {
     /// The op's name in the Python API.
     pub fn name(&self) -> &'static str {
-        match self {
-            BlockOpKind::Input { .. } => "tb.new_input",
-            BlockOpKind::Output { .. } => "tb.new_output",
-            BlockOpKind::Matmul => "tb.matmul",
-            BlockOpKind::Unary { op } => op.name(),
-            BlockOpKind::Binary { op } => op.name(),
-            BlockOpKind::Reduction { .. } => "tb.reduction",
-            BlockOpKind::ReductionMax { .. } => "tb.reduction_max",
-            BlockOpKind::RmsNorm { .. } => "tb.rms_norm",
-            BlockOpKind::Concat { .. } => "tb.concat",
-            BlockOpKind::ForloopAccum { .. } => "tb.forloop_accum",
-            BlockOpKind::ForloopAccumRescale { .. } => "tb.forloop_accum_rescale",
-            BlockOpKind::ForloopAccumMax => "tb.forloop_accum_max",
+        match (self, self.def()) {
+            (_, Some(d)) => d.name,
+            (BlockOpKind::Unary { op }, None) => op.name(),
+            (BlockOpKind::Binary { op }, None) => op.name(),
+            (_, None) => unreachable!("every block op but the element-wise ones has a structural entry"),
         }
     }
 
-    /// Operands the op takes.
-    pub fn arity(&self) -> usize {
+    /// The op's structural registry entry (`None` for the element-wise ops, whose entries are
+    /// in [`crate::registry`]).
+    pub fn def(&self) -> Option<&'static StructuralDef> {
         match self {
-            BlockOpKind::Input { .. } => 0,
-            BlockOpKind::Matmul
-            | BlockOpKind::Binary { .. }
-            | BlockOpKind::Concat { .. }
-            | BlockOpKind::ForloopAccumRescale { .. } => 2,
-            _ => 1,
+            BlockOpKind::Input { .. } => Some(&st::TB_INPUT),
+            BlockOpKind::Output { .. } => Some(&st::TB_OUTPUT),
+            BlockOpKind::Matmul => Some(&st::TB_MATMUL),
+            BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } => None,
+            BlockOpKind::Reduction { .. } => Some(&st::TB_REDUCTION),
+            BlockOpKind::ReductionMax { .. } => Some(&st::TB_REDUCTION_MAX),
+            BlockOpKind::RmsNorm { .. } => Some(&st::TB_RMS_NORM),
+            BlockOpKind::Concat { .. } => Some(&st::TB_CONCAT),
+            BlockOpKind::ForloopAccum { .. } => Some(&st::TB_FORLOOP_ACCUM),
+            BlockOpKind::ForloopAccumRescale { .. } => Some(&st::TB_FORLOOP_ACCUM_RESCALE),
+            BlockOpKind::ForloopAccumMax => Some(&st::TB_FORLOOP_ACCUM_MAX),
+        }
+    }
+
+    /// Operands the op takes (every block op takes a fixed number).
+    pub fn arity(&self) -> usize {
+        match (self, self.def()) {
+            (_, Some(d)) => d.min_operands,
+            (BlockOpKind::Binary { op }, None) => op.def().arity,
+            (_, None) => 1,
         }
     }
 

@@ -6,6 +6,7 @@ use crate::block::{BlockGraph, BlockOpKind};
 use crate::error::{invalid, shape_err, Error, Result};
 use crate::limits::check_size;
 use crate::ops::{broadcast_dims, matmul_dims, reduce_dims, BinaryOp, UnaryOp};
+use crate::structural::{self as st, StructuralDef};
 use crate::types::{check_dims, check_strides, resolve_dim, row_major_strides, same_dtype, DType};
 
 /// Index of a tensor in its kernel graph.
@@ -72,18 +73,42 @@ pub enum KernelOpKind {
 }
 
 impl KernelOpKind {
+    /// The op's structural registry entry (`None` for the element-wise ops, whose entries are
+    /// in [`crate::registry`]).
+    pub fn def(&self) -> Option<&'static StructuralDef> {
+        match self {
+            KernelOpKind::Input { .. } => Some(&st::INPUT),
+            KernelOpKind::Matmul => Some(&st::MATMUL),
+            KernelOpKind::Unary { .. } | KernelOpKind::Binary { .. } => None,
+            KernelOpKind::Reduction { .. } => Some(&st::REDUCTION),
+            KernelOpKind::RmsNorm { .. } => Some(&st::RMS_NORM),
+            KernelOpKind::Softmax { .. } => Some(&st::SOFTMAX),
+            KernelOpKind::Customized { .. } => Some(&st::CUSTOMIZED),
+        }
+    }
+
     /// The op's name in the Python API.
     pub fn name(&self) -> &'static str {
-        match self {
-            KernelOpKind::Input { .. } => "new_input",
-            KernelOpKind::Matmul => "matmul",
-            KernelOpKind::Unary { op } => op.name(),
-            KernelOpKind::Binary { op } => op.name(),
-            KernelOpKind::Reduction { .. } => "reduction",
-            KernelOpKind::RmsNorm { .. } => "rms_norm",
-            KernelOpKind::Softmax { .. } => "softmax",
-            KernelOpKind::Customized { .. } => "customized",
+        match (self, self.def()) {
+            (_, Some(d)) => d.name,
+            (KernelOpKind::Unary { op }, None) => op.name(),
+            (KernelOpKind::Binary { op }, None) => op.name(),
+            (_, None) => unreachable!("every kernel op but the element-wise ones has a structural entry"),
         }
+    }
+
+    /// Checks the number of operands against the op's registry entry.
+    pub fn check_operands(&self, n: usize) -> Result<()> {
+        let (name, want) = match (self, self.def()) {
+            (_, Some(d)) => return d.check_operands(n),
+            (KernelOpKind::Unary { op }, None) => (op.name(), 1),
+            (KernelOpKind::Binary { op }, None) => (op.name(), op.def().arity),
+            (_, None) => unreachable!("every kernel op but the element-wise ones has a structural entry"),
+        };
+        if n != want {
+            return invalid(name, format!("expects {want} operands, got {n}"));
+        }
+        Ok(())
     }
 }
 
@@ -341,37 +366,24 @@ impl KernelGraph {
                 }
             }
             let ins = &op.inputs;
-            let arity = |n: usize| -> Result<()> {
-                if ins.len() != n {
-                    return invalid(op.kind.name(), format!("expects {n} operands, got {}", ins.len()));
-                }
-                Ok(())
-            };
+            op.kind.check_operands(ins.len())?;
             match &op.kind {
                 KernelOpKind::Input { dims, dtype, strides } => {
-                    arity(0)?;
                     g.new_input(dims, *dtype, Some(strides))?;
                 }
                 KernelOpKind::Matmul => {
-                    arity(2)?;
                     g.matmul(ins[0], ins[1])?;
                 }
                 KernelOpKind::Unary { op: u } => {
-                    arity(1)?;
                     g.unary(*u, ins[0])?;
                 }
                 KernelOpKind::Binary { op: b } => {
-                    arity(2)?;
                     g.binary(*b, ins[0], ins[1])?;
                 }
                 KernelOpKind::Reduction { dim } => {
-                    arity(1)?;
                     g.reduction(ins[0], *dim as i64)?;
                 }
                 KernelOpKind::RmsNorm { normalized_ndims, eps } => {
-                    if ins.is_empty() || ins.len() > 2 {
-                        return invalid("rms_norm", format!("expects 1 or 2 operands, got {}", ins.len()));
-                    }
                     let d = &g.tensor(ins[0])?.dims;
                     let n = (*normalized_ndims).min(d.len());
                     let shape = d[d.len() - n..].to_vec();
@@ -384,7 +396,6 @@ impl KernelGraph {
                     g.rms_norm_eps(ins[0], &shape, ins.get(1).copied(), *eps)?;
                 }
                 KernelOpKind::Softmax { dim } => {
-                    arity(1)?;
                     g.softmax(ins[0], *dim as i64)?;
                 }
                 KernelOpKind::Customized { graph } => {

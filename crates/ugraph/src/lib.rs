@@ -34,6 +34,7 @@ pub mod ops;
 pub mod registry;
 pub mod scalar;
 pub mod smem;
+pub mod structural;
 pub mod target;
 pub mod tensor;
 pub mod thread;
@@ -49,8 +50,9 @@ pub use interp::{random_inputs, run, run_region, run_region_with, run_with, Regi
 pub use json::{from_json, to_json, FORMAT_VERSION};
 pub use kernel::{lifted_rank, DTensor, KernelGraph, KernelOp, KernelOpKind, Output, TensorId};
 pub use ops::{Accum, BinaryOp, UnaryOp};
-pub use registry::{Lax, UnaryDef, UNARY_OPS};
+pub use registry::{BinaryCuda, BinaryDef, BinaryLax, KernelSearch, Lax, UnaryDef, BINARY_OPS, UNARY_OPS};
 pub use scalar::Scalar;
+pub use structural::{structural, Level, StructuralDef, STRUCTURAL_OPS};
 pub use target::{Budgets, DeviceAttr, Target};
 pub use tensor::Tensor;
 pub use thread::{fuse_elementwise, FusedGroup, ThreadGraph, ThreadOp};

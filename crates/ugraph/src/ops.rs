@@ -1,16 +1,15 @@
-//! Shape rules and the binary ops and accumulators; the unary ops live in [`crate::registry`].
+//! Shape rules and the accumulators; the element-wise ops live in [`crate::registry`].
 //!
-//! Element-wise ops ([`UnaryOp`], from [`crate::registry`], and [`BinaryOp`]) are shared by
+//! Element-wise ops ([`UnaryOp`] and [`BinaryOp`], from [`crate::registry`]) are shared by
 //! all three graph levels; the structural ops of each level ([`crate::kernel::KernelOpKind`],
 //! [`crate::block::BlockOpKind`]) call the shape rules below. Semantics of the accumulators are documented on [`Accum`].
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{invalid, shape_err, Result};
-use crate::scalar::Scalar;
 
 use crate::registry::Lax;
-pub use crate::registry::UnaryOp;
+pub use crate::registry::{BinaryOp, UnaryOp};
 
 impl UnaryOp {
     /// Whether the op has an algebraic (field) meaning (not uninterpreted in the verifier).
@@ -44,47 +43,6 @@ pub fn check_eps(op: &str, eps: f32) -> Result<f32> {
 /// Whether `eps` is zero (serde: an RMS op without epsilon writes no `eps` field).
 pub fn eps_is_zero(eps: &f32) -> bool {
     *eps == 0.0
-}
-
-/// Element-wise op with two operands; shapes broadcast where a dim is 1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BinaryOp {
-    /// `a + b`.
-    Add,
-    /// `a - b`.
-    Sub,
-    /// `a * b`.
-    Mul,
-    /// `a / b`.
-    Div,
-    /// `a ^ b`.
-    Pow,
-}
-
-impl BinaryOp {
-    /// The op's name in the Python API.
-    pub fn name(&self) -> &'static str {
-        match self {
-            BinaryOp::Add => "add",
-            BinaryOp::Sub => "sub",
-            BinaryOp::Mul => "mul",
-            BinaryOp::Div => "div",
-            BinaryOp::Pow => "pow",
-        }
-    }
-
-    /// Applies the op to two values of a scalar domain.
-    #[inline(always)]
-    pub fn apply<S: Scalar>(&self, a: S, b: S) -> S {
-        match self {
-            BinaryOp::Add => a.add(b),
-            BinaryOp::Sub => a.sub(b),
-            BinaryOp::Mul => a.mul(b),
-            BinaryOp::Div => a.div(b),
-            BinaryOp::Pow => a.pow(b),
-        }
-    }
 }
 
 /// How a block graph's for-loop accumulator combines per-iteration tiles.

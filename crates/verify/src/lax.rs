@@ -21,7 +21,7 @@
 //!   largest `num + den` over its outputs.
 //! - **Exp count `k`.** The number of exp-bearing ops (each block-graph op counts once).
 
-use mirage_ugraph::{Accum, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Lax, UnaryOp};
+use mirage_ugraph::{Accum, BinaryLax, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Lax, UnaryOp};
 
 /// Which fragment a graph (or a pair of graphs) belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,13 +233,14 @@ impl Walk {
         out
     }
 
+    /// An element-wise binary op, read through its registry rule ([`BinaryOp::lax`]).
     fn binary(&mut self, op: BinaryOp, label: String, a: &Info, b: &Info) -> Info {
         let mut out = join(&[a, b]);
-        out.deg = match op {
-            BinaryOp::Add | BinaryOp::Sub => a.deg.add(b.deg),
-            BinaryOp::Mul => a.deg.mul(b.deg),
-            BinaryOp::Div => a.deg.div(b.deg),
-            BinaryOp::Pow => {
+        out.deg = match op.lax() {
+            BinaryLax::Sum => a.deg.add(b.deg),
+            BinaryLax::Product => a.deg.mul(b.deg),
+            BinaryLax::Quotient => a.deg.div(b.deg),
+            BinaryLax::Uninterpreted => {
                 self.uninterpreted.push(label);
                 Deg::VAR
             }

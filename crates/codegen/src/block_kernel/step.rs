@@ -345,6 +345,7 @@ impl Ctx<'_> {
         // squares (the specialised forms below have none).
         if let BlockOpKind::RmsNorm { eps } = bg.ops[op].kind {
             if eps != 0.0 {
+                self.uses(Part::Reductions);
                 wl!(
                     s,
                     "mi::share_reduce<{nt}, {}, {len}, 1>(0.0f, [&](int i) {{ const float x = {}; return x * x; }}, [](float a, float b) {{ return a + b; }}, [&](int r, float ss, int first, int step) {{ const float inv = 1.0f / sqrtf(ss / {} + {}); for (int l = first; l < {len}; l += step) {{ const int i = r * {len} + l; {} = {}; }} }});",

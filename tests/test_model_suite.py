@@ -496,3 +496,30 @@ def test_a_failing_search_is_recorded_not_raised(models, ms, monkeypatch):
     row = models.table_rows([{**rec, "ours": {"ok": False, "error": "x"}}], CALIB)[0]
     assert row[models.HEADER.index("search s")].startswith("err")
     assert row[models.HEADER.index("correct")] == "ERROR"
+
+
+# ------------------------------------------------------------------ search structure
+#: Program kinds whose fused form is one customized kernel (the norm, its weight, the
+#: projections, the activation, the adapter or the online softmax inside one block graph).
+FUSED_KINDS = ("qkv", "attn_decode", "attn_prefill", "gate_up", "mlp", "lora")
+
+
+def _kernel_ops(g: object) -> list[str]:
+    ops = json.loads(g.to_json())["graph"]["ops"]
+    return [o["kind"]["kind"] for o in ops if o["kind"]["kind"] != "input"]
+
+
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_the_search_finds_each_program_fused_on_the_cpu(ms, kind):
+    # The first default cell of each kind, scaled down 16x, in its dtype, with the suite's
+    # preset: the search's pick (cost model) is one customized kernel, equivalent by `verify`.
+    import mirage as mi
+
+    cell = next(c for c in ms.DEFAULT if c.program == kind)
+    g = ms.build_program(cell, scale=16)
+    best = g.superoptimize(
+        backend="cpu", config=ms.PROGRAMS[kind].config, use_cached_graphs=False, time_budget=60
+    )
+    assert best.search_stats["source"] == "search", best.search_stats.get("summary")
+    assert _kernel_ops(best) == ["customized"], (cell.name, _kernel_ops(best))
+    assert mi.verify(g, best).equivalent

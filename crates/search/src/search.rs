@@ -264,28 +264,12 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig, start: std::time::Instant) -
         customized: 0,
     };
     let mut specs: Vec<Vec<KStep>> = Vec::new();
-    let mut explored = 0;
-    for depth in 1..=cfg.max_kernel_ops {
-        if ctl.stopped() {
-            break;
-        }
-        ctl.kernel_ops.store(depth, Relaxed);
-        ctl.report(true);
-        specs.extend(kernel_search(&ctx, &start, depth));
-        explored = depth;
-    }
+    let explored = deepen(&ctx, &start, cfg.max_kernel_ops, &mut specs);
     // Nothing found: again with every op of the reference allowed as a kernel of its own, so
     // that what no block graph holds runs by itself while the rest is still searched.
     if specs.is_empty() && !ctl.stopped() {
         ctx.row_ops = true;
-        for depth in 1..=cfg.max_kernel_ops {
-            if ctl.stopped() {
-                break;
-            }
-            ctl.kernel_ops.store(depth, Relaxed);
-            ctl.report(true);
-            specs.extend(kernel_search(&ctx, &start, depth));
-        }
+        deepen(&ctx, &start, cfg.max_kernel_ops, &mut specs);
     }
     ctl.report(true);
 
@@ -335,6 +319,23 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig, start: std::time::Instant) -
 }
 
 /// Every candidate (as its list of kernel steps) with exactly `remaining` more kernel ops.
+/// Kernel searches of 1, 2, ... `max_depth` kernel ops from `start`, until the search is
+/// stopped; appends what they find to `specs` and returns the deepest depth searched.
+fn deepen(ctx: &Ctx<'_>, start: &KState, max_depth: usize, specs: &mut Vec<Vec<KStep>>) -> usize {
+    let ctl = ctx.env.ctl;
+    let mut explored = 0;
+    for depth in 1..=max_depth {
+        if ctl.stopped() {
+            break;
+        }
+        ctl.kernel_ops.store(depth, Relaxed);
+        ctl.report(true);
+        specs.extend(kernel_search(ctx, start, depth));
+        explored = depth;
+    }
+    explored
+}
+
 fn kernel_search(ctx: &Ctx<'_>, state: &KState, remaining: usize) -> Vec<Vec<KStep>> {
     if ctx.env.ctl.stopped() {
         return Vec::new();

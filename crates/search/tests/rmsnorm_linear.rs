@@ -28,6 +28,20 @@ fn assert_fused_rmsnorm_linear(g: &KernelGraph) {
     assert!(div.inputs.iter().all(|&t| is_post(bg, t)), "the division is not after the loop: {}", describe(g));
 }
 
+/// Deterministic inputs of `g`: element `i` of input `k` is `((7i + 13k) mod 17 - 8) / div + shift`.
+fn patterned_inputs(g: &KernelGraph, div: f32, shift: f32) -> Vec<Tensor<f32>> {
+    g.input_ids()
+        .iter()
+        .enumerate()
+        .map(|(k, &t)| {
+            let dims = g.tensors[t].dims.clone();
+            let n: usize = dims.iter().product();
+            let data = (0..n).map(|i| (((i * 7 + k * 13) % 17) as f32 - 8.0) / div + shift).collect();
+            Tensor::new(dims, data).expect("dims match")
+        })
+        .collect()
+}
+
 #[test]
 fn finds_one_kernel_with_rms_in_the_matmul_loop_at_paper_shape() {
     let pair = zoo::rmsnorm_linear(16, 4096, 4096, 64, 64, DType::Float16).expect("zoo builds");
@@ -52,18 +66,7 @@ fn found_graph_computes_the_reference_values_on_the_cpu() {
     let r = superoptimize(&pair.reference, &cfg).expect("search runs");
     let c = best(&r);
     assert_fused_rmsnorm_linear(&c.graph);
-    let inputs: Vec<Tensor<f32>> = pair
-        .reference
-        .input_ids()
-        .iter()
-        .enumerate()
-        .map(|(k, &t)| {
-            let dims = pair.reference.tensors[t].dims.clone();
-            let n: usize = dims.iter().product();
-            let data = (0..n).map(|i| (((i * 7 + k * 13) % 17) as f32 - 8.0) / 8.0 + 0.05).collect();
-            Tensor::new(dims, data).expect("dims match")
-        })
-        .collect();
+    let inputs = patterned_inputs(&pair.reference, 8.0, 0.05);
     let want = run(&pair.reference, &inputs).expect("reference runs");
     let got = run(&c.graph, &inputs).expect("candidate runs");
     for (w, g) in want.iter().zip(&got) {
@@ -123,18 +126,7 @@ fn with_eps_the_fused_form_carries_the_reference_eps() {
         })
         .collect();
     assert_eq!(rms_eps, vec![eps], "{}", describe(&c.graph));
-    let inputs: Vec<Tensor<f32>> = pair
-        .reference
-        .input_ids()
-        .iter()
-        .enumerate()
-        .map(|(k, &t)| {
-            let dims = pair.reference.tensors[t].dims.clone();
-            let n: usize = dims.iter().product();
-            let data = (0..n).map(|i| (((i * 7 + k * 13) % 17) as f32 - 8.0) / 16.0).collect();
-            Tensor::new(dims, data).expect("dims match")
-        })
-        .collect();
+    let inputs = patterned_inputs(&pair.reference, 16.0, 0.0);
     let want = run(&pair.reference, &inputs).expect("reference runs");
     let got = run(&c.graph, &inputs).expect("candidate runs");
     for (x, y) in want[0].data.iter().zip(&got[0].data) {

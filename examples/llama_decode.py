@@ -124,8 +124,30 @@ class Decoder:
         return torch.cat(toks, dim=1), logits.float(), first
 
 
+def cache_rewinder(cache: Any) -> Callable[[], None]:
+    """A function that puts the static cache's write positions back where they are now.
+    Recent ``transformers`` static layers count their writes in a device tensor
+    (``cumulative_length``) instead of reading ``cache_position``; a replayed step would
+    otherwise write past the cache's end."""
+    counters = [
+        t
+        for layer in getattr(cache, "layers", [])
+        for t in [getattr(layer, "cumulative_length", None)]
+        if isinstance(t, torch.Tensor)
+    ]
+    saved = [t.clone() for t in counters]
+
+    def rewind() -> None:
+        for t, s in zip(counters, saved):
+            t.copy_(s)
+
+    return rewind
+
+
 def time_step(dec: Decoder, warmup: int, replays: int, calls: int) -> float:
-    """Median µs of one decode step replayed in a CUDA graph of ``calls`` steps."""
+    """Median µs of one decode step replayed in a CUDA graph of ``calls`` steps (the cache's
+    write positions rewound before each replay)."""
+    rewind = cache_rewinder(dec.cache)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), torch.no_grad():
@@ -133,16 +155,19 @@ def time_step(dec: Decoder, warmup: int, replays: int, calls: int) -> float:
             dec.step(dec.ids, dec.pos)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    rewind()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), torch.no_grad():
         for _ in range(calls):
             dec.step(dec.ids, dec.pos)
     for _ in range(warmup):
+        rewind()
         graph.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(replays):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        rewind()
         a.record()
         graph.replay()
         b.record()
@@ -219,7 +244,7 @@ def run_case(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str,
     model = build_model(args.layers, dtype, args.device, args.tiny)
     torch.manual_seed(1)
     prompt = torch.randint(0, model.config.vocab_size, (batch, args.prompt), device=args.device)
-    max_len = args.prompt + args.steps + max(args.loop_steps, 0) + 8
+    max_len = args.prompt + args.steps + max(args.loop_steps, 0) + max(args.calls, 3) + 8
     row: dict[str, Any] = {"batch": batch, "dtype": dtype_name, "layers": args.layers, "modes": {}}
     ref_toks: torch.Tensor | None = None
     ref_logits: torch.Tensor | None = None

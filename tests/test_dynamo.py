@@ -409,6 +409,32 @@ def test_norm_feeding_projections_splits_per_projection(opts):
     assert ["rms_norm", "mul", "matmul", "matmul", "matmul"] in ops, ops
 
 
+@pytest.mark.parametrize("horizontal", [False, True])
+def test_independent_consumers_of_torch_code_are_separate_regions(opts, monkeypatch, horizontal):
+    """Two projections of a sorted tensor (sort stays torch code) are two regions, also with a
+    partitioner that joins independent consumers (torch before ``skip_horizontal_fusion``)."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+    class Joining(CapabilityBasedPartitioner):
+        def __init__(self, gm, support, allows_single_node_partition=False):
+            super().__init__(gm, support, allows_single_node_partition, skip_horizontal_fusion=False)
+
+    if horizontal:
+        monkeypatch.setattr(_dynamo, "CapabilityBasedPartitioner", Joining)
+    w1, w2 = small(32, 16, seed=40), small(32, 8, seed=41)
+
+    def f(x):
+        y = torch.sort(x, dim=-1).values
+        return y @ w1, torch.relu(y) @ w2
+
+    x = small(4, 32, seed=42)
+    with torch.no_grad():
+        o = dict(opts, search=False, split=False)
+        assert_matches(torch.compile(f, backend="mirage", options=o)(x), f(x))
+    ops = sorted(r["ops"] for r in mi.dynamo_summary()["regions"])
+    assert ops == [["matmul"], ["relu", "matmul"]], ops
+
+
 def test_elementwise_regions_are_left_to_the_fallback(opts, caplog):
     def f(x):
         return F.silu(x) * x + 1.0

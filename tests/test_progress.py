@@ -131,6 +131,19 @@ def test_on_a_terminal_the_line_is_redrawn_in_place(monkeypatch):
     assert "\r\x1b[K[mirage] a verbose line\n" in text
 
 
+def test_a_search_over_before_the_first_poll_still_shows_its_stage():
+    out = io.StringIO()
+    rep = _progress._LineReporter(out)
+    done = {"phase": "done", "kernel_ops": 2, "states": 90, "block_graphs": 12, "verified": 3, "verification_failed": 0}
+    rep.search_tick({**done, "verify_goal": 3, "candidates": 40, "checked": 3})
+    rep.search_tick({**done, "verify_goal": 3, "candidates": 40, "checked": 3})
+    rep.close()
+    lines = out.getvalue().splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["[mirage] search", "[mirage] verify"], lines
+    assert "12 block graphs (kernel ops 2, states 90)" in lines[0]
+    assert "3/3 equivalent (40 candidates, checked 3" in lines[1]
+
+
 def test_progress_must_be_a_bool_or_none(tmp_path):
     with pytest.raises(TypeError, match="progress"):
         rmsnorm_linear().superoptimize(backend="cpu", cache_dir=tmp_path, progress="yes")

@@ -166,8 +166,9 @@ class Reporter:
         if phase == "saturate":
             self.stage("search", info="saturating the e-graph")
             return
-        if phase == "search" or self._stage == "search":
-            # The search stage ends with the counters of the first report after it.
+        if phase == "search" or self._stage == "search" or "search" not in self.stages:
+            # The search stage ends with the counters of the first report after it (a search
+            # over before the first poll shows its stage from the final report alone).
             self.stage("search")
             info = f"kernel ops {p['kernel_ops']}, states {_fmt_count(p['states'])}"
             self.update(n=int(p["block_graphs"]), info=info)

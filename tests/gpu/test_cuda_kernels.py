@@ -88,14 +88,14 @@ def test_big_softmax_and_reduction(dtype):
 
 
 #: The zoo's workloads (``benches/gpu/zoo.py``).
-ZOO = gpu_script("zoo")
+ZOO_SCRIPT = gpu_script("zoo")
 
 
 def _zoo(name: str, dtype: str, params: list[int]) -> tuple[mi.KNGraph, mi.KNGraph]:
-    return ZOO.pair(name, dtype, params)
+    return ZOO_SCRIPT.pair(name, dtype, params)
 
 
-ZOO = [
+ZOO_CASES = [
     ("rmsnorm_linear", [4, 256, 512, 8, 4]),
     ("gated_mlp", [3, 256, 512, 8, 4]),
     # 16 and 32 rows of 128-element X tiles: X swizzled, read through the swizzle by the
@@ -113,7 +113,7 @@ ZOO = [
 
 
 @pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16, mi.float32])
-@pytest.mark.parametrize("name,params", ZOO)
+@pytest.mark.parametrize("name,params", ZOO_CASES)
 def test_zoo_against_interpreter(name, params, dtype):
     ref, ug = _zoo(name, dtype.name, params)
     cpu = _inputs(ug, 7, scale=0.5)
@@ -350,7 +350,7 @@ def _one_kernel_attention(
     """softmax(Q K) V in one kernel (the zoo's, the search's MQA form: only O / l leaves the
     loop; with `name` "qknorm_attention_one_kernel" Q and V normalised), its block of
     `threads` threads."""
-    _, ug = ZOO.pair_json(name, dtype, dims)
+    _, ug = ZOO_SCRIPT.pair_json(name, dtype, dims)
     doc = json.loads(ug)
     for op in doc.get("graph", doc)["ops"]:
         if op["kind"]["kind"] == "customized":

@@ -12,6 +12,7 @@ the ``mirage.dynamo`` logger.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import operator
 import time
@@ -182,9 +183,10 @@ def _rewrite(gm: fx.GraphModule, opts: BackendOptions) -> fx.GraphModule:
         for n in gm.graph.find_nodes(op="placeholder")
         if hasattr(n, "_dynamo_source")
     }
-    part = CapabilityBasedPartitioner(
-        gm, _Support(), allows_single_node_partition=True, skip_horizontal_fusion=True
-    )
+    extra = {}
+    if "skip_horizontal_fusion" in inspect.signature(CapabilityBasedPartitioner).parameters:
+        extra["skip_horizontal_fusion"] = True
+    part = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True, **extra)
     partitions = part.propose_partitions()
     if not partitions:
         log.info("mirage: no supported ops in the graph")
@@ -237,16 +239,16 @@ def _split(gm: fx.GraphModule, partitions: list[Partition], split: bool) -> list
     """Each partition without its trailing slices, and with ``split`` cut into stages and a
     stage of several projections into one piece per projection (see ``plan``)."""
     out: list[Partition] = []
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for p in partitions:
-        nodes = _plan.drop_slices(list(p.nodes))
-        if not nodes:
-            continue
-        if not split:
-            out.append(Partition(id=len(out), nodes=nodes))
-            continue
-        for stage in _plan.split_stages(nodes):
-            for piece in _plan.split_projections(gm, stage):
-                out.append(Partition(id=len(out), nodes=piece))
+        kept = _plan.drop_slices(sorted(p.nodes, key=order.__getitem__))
+        for nodes in _plan.connected_pieces(kept):
+            if not split:
+                out.append(Partition(id=len(out), nodes=nodes))
+                continue
+            for stage in _plan.split_stages(nodes):
+                for piece in _plan.split_projections(gm, stage):
+                    out.append(Partition(id=len(out), nodes=piece))
     if len(out) != len(partitions):
         log.info("mirage: %d partitions split into %d regions", len(partitions), len(out))
     return out

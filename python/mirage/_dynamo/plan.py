@@ -105,6 +105,32 @@ def _is_view(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target in _VIEW_FUNCS
 
 
+def connected_pieces(nodes: Sequence[fx.Node]) -> list[list[fx.Node]]:
+    """The nodes of one partition grouped by the data edges between them, each group in the
+    given order. Torch's partitioner before ``skip_horizontal_fusion`` existed joins
+    independent consumers of an unsupported node into one partition; each such group is a
+    separate region. A group of a valid partition is itself valid: a path leaving a group and
+    coming back would leave the partition or join the groups."""
+    inside = {n: i for i, n in enumerate(nodes)}
+    parent = list(range(len(nodes)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, n in enumerate(nodes):
+        for arg in n.all_input_nodes:
+            j = inside.get(arg)
+            if j is not None:
+                parent[root(i)] = root(j)
+    groups: dict[int, list[fx.Node]] = {}
+    for i, n in enumerate(nodes):
+        groups.setdefault(root(i), []).append(n)
+    return list(groups.values())
+
+
 def drop_slices(nodes: Sequence[fx.Node]) -> list[fx.Node]:
     """The partition's nodes without the ``getitem`` slices of tensors it ends with (the
     partitioner adds a getitem to its source's partition; mirage has no slicing, so such a

@@ -417,7 +417,9 @@ def test_independent_consumers_of_torch_code_are_separate_regions(opts, monkeypa
 
     class Joining(CapabilityBasedPartitioner):
         def __init__(self, gm, support, allows_single_node_partition=False):
-            super().__init__(gm, support, allows_single_node_partition, skip_horizontal_fusion=False)
+            super().__init__(
+                gm, support, allows_single_node_partition, skip_horizontal_fusion=False
+            )
 
     if horizontal:
         monkeypatch.setattr(_dynamo, "CapabilityBasedPartitioner", Joining)

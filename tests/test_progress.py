@@ -134,7 +134,14 @@ def test_on_a_terminal_the_line_is_redrawn_in_place(monkeypatch):
 def test_a_search_over_before_the_first_poll_still_shows_its_stage():
     out = io.StringIO()
     rep = _progress._LineReporter(out)
-    done = {"phase": "done", "kernel_ops": 2, "states": 90, "block_graphs": 12, "verified": 3, "verification_failed": 0}
+    done = {
+        "phase": "done",
+        "kernel_ops": 2,
+        "states": 90,
+        "block_graphs": 12,
+        "verified": 3,
+        "verification_failed": 0,
+    }
     rep.search_tick({**done, "verify_goal": 3, "candidates": 40, "checked": 3})
     rep.search_tick({**done, "verify_goal": 3, "candidates": 40, "checked": 3})
     rep.close()

@@ -15,15 +15,20 @@ Inductor (``max-autotune-no-cudagraphs`` and ``default``, the faster counts) and
 how many searches they started (the backend's counters; the goal is none after the first step).
 After the mirage mode the backend's summary is printed (``mirage.dynamo_summary()``): regions
 lowered and left to the fallback, each region's search seconds, and seconds per phase.
-Needs ``transformers`` (>= 4.46, for ``StaticCache``).
+``--second-process`` then starts this script again in a new process for each case (mirage mode
+only, the same cache folder) and reports its compile-to-first-token seconds and how many of its
+regions the on-disk search cache served. Needs ``transformers`` (>= 4.46, for ``StaticCache``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -179,9 +184,38 @@ def time_step(dec: Decoder, warmup: int, replays: int, calls: int) -> float:
 
 def mirage_searches() -> int:
     """Searches the mirage backend has started in this process."""
+    return mirage_counter("searches")
+
+
+def mirage_counter(name: str) -> int:
+    """One of the mirage backend's counters (``mirage.dynamo_stats()``)."""
     import mirage
 
-    return int(mirage.dynamo_stats()["searches"])
+    return int(mirage.dynamo_stats()[name])
+
+
+def second_process(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str, Any]:
+    """Decodes the case again in a new process, mirage mode only (no timing): its seconds to
+    the first token and its counters, read from its JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        argv = [sys.executable, os.path.abspath(__file__), "--batch", str(batch)]
+        argv += ["--dtype", dtype_name, "--layers", str(args.layers), "--prompt", str(args.prompt)]
+        argv += ["--steps", "1", "--device", args.device, "--modes", "mirage", "--no-timing"]
+        argv += ["--json", out] + (["--tiny"] if args.tiny else [])
+        for flag, v in (("--time-budget", args.time_budget), ("--total-budget", args.total_budget)):
+            if v is not None:
+                argv += [flag, str(v)]
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - t0
+        if done.returncode != 0:
+            return {"error": done.stderr[-2000:], "wall_s": round(wall, 1)}
+        with open(out) as f:
+            (row,) = json.load(f)
+    m = row["modes"]["mirage"]
+    keep = ("first_token_s", "searches_first_steps", "search_disk_hits", "search_seconds")
+    return {"wall_s": round(wall, 1), **{k: m[k] for k in keep if k in m}}
 
 
 def print_mirage_summary() -> dict[str, Any]:
@@ -194,7 +228,9 @@ def print_mirage_summary() -> dict[str, Any]:
     print(
         f"  mirage: {c['regions_lowered']} regions lowered, {c['regions_fallback']} left to the "
         f"fallback; {c['searches']} searches, {c['graph_cache_hits']} in-process and "
-        f"{c['search_disk_hits']} on-disk cache hits, {c['searches_skipped']} skipped (budget)"
+        f"{c['search_disk_hits']} on-disk cache hits, {c['searches_skipped']} skipped (budget); "
+        f"{c['regions_mirage_path']} run their mirage graph, {c['regions_torch_path']} their "
+        "torch code (faster)"
     )
     print(
         "  mirage seconds: "
@@ -211,6 +247,12 @@ def print_mirage_summary() -> dict[str, Any]:
                 prof = s.get("profile_seconds") or {}
                 if prof:
                     parts.append(f"profile {sum(prof.values()):.2f} s")
+            if "mirage_us" in s:
+                parts.append(
+                    f"runs {s['path']}: mirage {s['mirage_us']:.1f} us, torch {s['torch_us']:.1f} us"
+                )
+            elif s.get("path"):
+                parts.append(f"runs {s['path']}")
             print(
                 f"    {r['name']:<18} {r['kind']:<12} {'+'.join(r['ops']):<44} "
                 f"{s.get('source')!s:<17} {s.get('seconds', 0.0):7.2f} s"
@@ -270,6 +312,7 @@ def run_case(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str,
             entry["logits_ok"] = entry["logits_rel_err"] <= tol
         if name == "mirage":
             entry["searches_first_steps"] = mirage_searches() - searches0
+            entry["search_disk_hits"] = mirage_counter("search_disk_hits")
             if args.loop_steps > 0:
                 before = mirage_searches()
                 with torch.no_grad():
@@ -315,12 +358,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=10, help="decode steps per CUDA graph")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument(
+        "--second-process", action="store_true", help="decode again in a new process (cache reuse)"
+    )
     args = p.parse_args(argv)
     rows = []
     ok = True
     for dtype_name in args.dtype:
         for batch in args.batch:
             row = run_case(args, batch, dtype_name)
+            if args.second_process and "mirage" in row["modes"]:
+                row["second_process"] = second_process(args, batch, dtype_name)
+                print(f"  b={batch} {dtype_name} second process: {row['second_process']}")
             rows.append(row)
             for name, e in row["modes"].items():
                 if e.get("same_tokens") is False or e.get("logits_ok") is False:

@@ -293,6 +293,8 @@ def test_bad_options_are_refused():
         with pytest.raises(ValueError, match="budget must be a positive number"):
             _dynamo.BackendOptions.parse(bad)
     assert _dynamo.BackendOptions.parse({"time_budget": None}).time_budget is None
+    with pytest.raises(ValueError, match="choose must be one of"):
+        _dynamo.BackendOptions.parse({"choose": "fastest"})
 
 
 def test_backend_is_found_by_name_without_importing_mirage():
@@ -435,6 +437,62 @@ def test_independent_consumers_of_torch_code_are_separate_regions(opts, monkeypa
         assert_matches(torch.compile(f, backend="mirage", options=o)(x), f(x))
     ops = sorted(r["ops"] for r in mi.dynamo_summary()["regions"])
     assert ops == [["matmul"], ["relu", "matmul"]], ops
+
+
+def test_each_region_keeps_the_faster_of_its_graph_and_its_torch_code(opts, monkeypatch):
+    """The choice made on CUDA at a shape's first call, here made on the CPU: the interpreter
+    is slower than torch, so the torch code is kept, timed, and gives the same outputs."""
+    from mirage._dynamo import region as _reg
+
+    m = NormLinear().eval()
+    x = small(8, 64, seed=50)
+    o = dict(opts, search=False)
+    with torch.no_grad():
+        ref = m(x)
+        for choose, path in (("mirage", None), ("profile", "torch")):
+            torch._dynamo.reset()
+            _dynamo.clear_caches()
+            monkeypatch.setattr(_reg, "PROFILED_DEVICES", {"cuda", "cpu"})
+            f = torch.compile(m, backend="mirage", options=dict(o, choose=choose))
+            assert_matches(f(x), ref)
+            assert_matches(f(x), ref)
+            (r,) = mi.dynamo_summary()["regions"]
+            (rec,) = r["searches"]
+            assert rec.get("path") == path, rec
+    assert rec["torch_us"] < rec["mirage_us"], rec
+    st = mi.dynamo_stats()
+    assert st["regions_torch_path"] == 1 and st["regions_mirage_path"] == 0, st
+
+
+def test_a_region_whose_graph_fails_runs_its_torch_code(opts, monkeypatch, caplog):
+    from mirage._dynamo import region as _reg
+
+    def broken(self, entry, inputs, rows):
+        raise RuntimeError("no kernel image")
+
+    monkeypatch.setattr(_reg, "PROFILED_DEVICES", {"cpu"})
+    monkeypatch.setattr(_reg.Region, "_run_mirage", broken)
+    m = NormLinear().eval()
+    x = small(8, 64, seed=51)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="mirage.dynamo"):
+        f = torch.compile(m, backend="mirage", options=dict(opts, search=False))
+        assert_matches(f(x), m(x))
+    (r,) = mi.dynamo_summary()["regions"]
+    (rec,) = r["searches"]
+    assert rec["path"] == "torch" and "no kernel image" in rec["path_error"], rec
+    assert any("failed" in m.getMessage() for m in caplog.records)
+
+
+def test_outputs_agree_within_their_dtype_tolerance():
+    from mirage._dynamo.region import _close
+
+    ref = torch.tensor([1.0, -2.0, 4.0])
+    assert _close(ref + 1e-3, ref) and not _close(ref + 1e-2, ref)
+    h = ref.half()
+    assert _close(h + 0.03, h) and not _close(h + 0.06, h)
+    nan = torch.tensor([1.0, float("nan")])
+    assert _close(nan, nan) and not _close(torch.tensor([1.0, 2.0]), nan)
+    assert not _close(ref[:2], ref)
 
 
 def test_elementwise_regions_are_left_to_the_fallback(opts, caplog):

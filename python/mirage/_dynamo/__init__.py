@@ -34,6 +34,7 @@ __all__ = ["BackendOptions", "clear_caches", "dynamo_stats", "dynamo_summary", "
 log = logging.getLogger("mirage.dynamo")
 
 _FALLBACKS = ("inductor", "eager")
+_CHOICES = ("profile", "mirage")
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ class BackendOptions:
     rest of the graph); ``search`` (False: run the lowered graphs unsearched); ``bucket`` (pad
     dynamic rows to powers of two); ``split`` (cut regions into stages and projections);
     ``elementwise`` (lower regions of element-wise ops only); ``search_kwargs`` (other
-    ``superoptimize`` keywords, e.g. ``{"franges": [4]}``)."""
+    ``superoptimize`` keywords, e.g. ``{"franges": [4]}``); ``choose`` (``"profile"``: on
+    CUDA each region's searched graph is timed against its own torch code at the first call of
+    each input shape and the faster runs; ``"mirage"``: always the searched graph)."""
 
     config: Any = None
     time_budget: float | None = _plan.DEFAULT_REGION_BUDGET
@@ -58,6 +61,7 @@ class BackendOptions:
     split: bool = True
     elementwise: bool = False
     search_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    choose: str = "profile"
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None) -> BackendOptions:
@@ -83,6 +87,8 @@ class BackendOptions:
                 raise ValueError(
                     f"mirage backend: {name} must be a positive number or None, got {v!r}"
                 )
+        if o.choose not in _CHOICES:
+            raise ValueError(f"mirage backend: choose must be one of {_CHOICES}, got {o.choose!r}")
         if not isinstance(o.search_kwargs, Mapping):
             raise TypeError("mirage backend: search_kwargs must be a dict")
         return o
@@ -281,8 +287,8 @@ def dynamo_stats() -> dict[str, int]:
     """The backend's counters: ``compiles``, ``regions`` (found), ``regions_lowered``,
     ``regions_fallback``, ``lowerings`` (per input-shape key), ``searches`` (run),
     ``search_disk_hits`` (served by the on-disk cache), ``graph_cache_hits`` (in-process),
-    ``search_failures``, ``searches_skipped`` (the total budget was spent) and
-    ``region_calls``."""
+    ``search_failures``, ``searches_skipped`` (the total budget was spent), ``region_calls``
+    and ``regions_mirage_path`` / ``regions_torch_path`` (which code each profiled key runs)."""
     return dict(_region.STATS)
 
 

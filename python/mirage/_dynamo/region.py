@@ -27,6 +27,9 @@ from .lower import Lowered, Unsupported, lower_region, materialize, output_fixup
 
 log = logging.getLogger("mirage.dynamo")
 
+#: Devices whose regions choose between their graph and their torch code by timing (on the
+#: CPU the interpreter, a reference and not a fast path, always loses).
+PROFILED_DEVICES = {"cuda"}
 #: Counters of the backend (``mirage.dynamo_stats()``).
 STATS: dict[str, int] = {
     "compiles": 0,
@@ -40,6 +43,8 @@ STATS: dict[str, int] = {
     "searches_skipped": 0,
     "graph_cache_hits": 0,
     "region_calls": 0,
+    "regions_mirage_path": 0,
+    "regions_torch_path": 0,
 }
 #: Seconds spent by phase (``mirage.dynamo_summary()``).
 SECONDS: dict[str, float] = {"rewrite": 0.0, "fallback_compile": 0.0, "lower": 0.0, "search": 0.0}
@@ -77,8 +82,10 @@ class _Entry:
     graph: KNGraph
     #: Rows the graph was built for (bucketed), or None.
     rows: int | None
-    #: How the graph was obtained (see ``searched``).
+    #: How the graph was obtained (see ``searched``), and on CUDA which path runs it.
     record: dict[str, Any]
+    #: Run the region's own torch code instead of the mirage graph (``choose``).
+    torch_path: bool = False
 
 
 class Region:
@@ -164,7 +171,52 @@ class Region:
         add_seconds("lower", time.perf_counter() - t0)
         device = next(x.device for x in inputs if isinstance(x, torch.Tensor)).type
         graph, record = searched(low.graph, self.options, device, self.kind)
-        return _Entry(low, graph, None if rows is None else next_pow2(rows), record)
+        entry = _Entry(low, graph, None if rows is None else next_pow2(rows), dict(record))
+        if device in PROFILED_DEVICES and self.options.choose == "profile":
+            self._choose(entry, inputs, rows)
+        return entry
+
+    def _choose(self, entry: _Entry, inputs: Sequence[Any], rows: int | None) -> None:
+        """Times the mirage graph against the region's torch code on this call's inputs and
+        keeps the faster (the torch code also when the two disagree beyond the dtype's
+        tolerance, logged); nothing is timed while a CUDA graph is being captured."""
+        cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+        if cuda and torch.cuda.is_current_stream_capturing():
+            entry.record["path"] = "mirage (not profiled: capturing)"
+            return
+        t0 = time.perf_counter()
+        ours = lambda: self._run_mirage(entry, inputs, rows)
+        theirs = lambda: self._run_torch(inputs)
+        with torch.no_grad():
+            b = theirs()
+            try:
+                a = ours()
+            except Exception as e:  # noqa: BLE001 (any failure of the graph: the torch code runs)
+                entry.torch_path = True
+                entry.record.update(path="torch", path_error=f"{type(e).__name__}: {e}")
+                log.warning(
+                    "mirage region %s: the mirage graph failed (%s); running the torch code",
+                    self.name or self.key,
+                    e,
+                )
+                bump("regions_torch_path")
+                return
+            agree = all(_close(x, y) for x, y in zip(a, b))
+            us_mirage, us_torch = _time_us(ours, cuda), _time_us(theirs, cuda)
+        entry.torch_path = not agree or us_torch < us_mirage
+        entry.record.update(
+            path="torch" if entry.torch_path else "mirage",
+            mirage_us=round(us_mirage, 2),
+            torch_us=round(us_torch, 2),
+            choose_seconds=round(time.perf_counter() - t0, 3),
+        )
+        if not agree:
+            log.warning(
+                "mirage region %s: the mirage graph's outputs differ from the torch code's; "
+                "running the torch code",
+                self.name or self.key,
+            )
+        bump("regions_torch_path" if entry.torch_path else "regions_mirage_path")
 
     def _entry(self, inputs: Sequence[Any]) -> tuple[_Entry, int | None]:
         rows = self._rows(inputs)
@@ -188,6 +240,20 @@ class Region:
     def __call__(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         bump("region_calls")
         entry, rows = self._entry(inputs)
+        if entry.torch_path:
+            return self._run_torch(inputs)
+        return self._run_mirage(entry, inputs, rows)
+
+    def _run_torch(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+        """The region's own torch code on ``inputs`` (contiguous outputs)."""
+        outs = self.gm(*inputs)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        return [o.to(dt).contiguous() for o, dt in zip(outs, self.out_dtypes)]
+
+    def _run_mirage(
+        self, entry: _Entry, inputs: Sequence[Any], rows: int | None
+    ) -> list[torch.Tensor]:
+        """The entry's mirage graph on ``inputs`` (rows padded to its bucket and sliced back)."""
         low = entry.low
         device = next(x.device for x in inputs if isinstance(x, torch.Tensor))
         args = []
@@ -220,6 +286,56 @@ class Region:
         outs = _FakeRun(self.gm).run(*inputs)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         return [o.new_empty(o.shape, dtype=dt) for o, dt in zip(outs, self.out_dtypes)]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two outputs agree within the tolerance of ``b``'s dtype, relative to ``b``'s
+    largest finite magnitude (non-finite elements must sit at the same places)."""
+    if a.shape != b.shape:
+        return False
+    tol = _TOLERANCE.get(b.dtype, 1e-3)
+    a, b = a.double(), b.double()
+    fin = torch.isfinite(b)
+    if not torch.equal(torch.isfinite(a), fin):
+        return False
+    if not bool(fin.any()):
+        return True
+    scale = float(b[fin].abs().max()) or 1.0
+    return float((a[fin] - b[fin]).abs().max()) <= tol * scale
+
+
+#: Relative tolerance of the mirage graph against the torch code, by output dtype.
+_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float32: 1e-3}
+
+
+def _time_us(fn: Any, cuda: bool, calls: int = 10, rounds: int = 3) -> float:
+    """Median over ``rounds`` of the µs per call of ``calls`` back-to-back ``fn()`` calls. On
+    CUDA the GPU's time: the stream first sleeps long enough for the host to queue every call,
+    so host overhead (which a CUDA graph replay does not have) is not counted."""
+    fn()
+    times = []
+    for _ in range(rounds):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(_SLEEP_CYCLES_PER_CALL * calls)
+            a.record()
+            for _ in range(calls):
+                fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3 / calls)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - t0) * 1e6 / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+#: GPU clock cycles the stream sleeps per timed call (about 0.5 ms at 2 GHz): more than the
+#: host needs to queue one region call.
+_SLEEP_CYCLES_PER_CALL = 1_000_000
 
 
 def _lead_of(low: Lowered, inputs: Sequence[Any]) -> tuple[int, ...]:

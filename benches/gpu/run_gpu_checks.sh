@@ -14,7 +14,8 @@ rm -rf "$target"
 python -m pip install -q --no-deps --target "$target" wheels/*.whl
 export PYTHONPATH="$target" MIRAGE_CACHE_DIR=${MIRAGE_CACHE_DIR:-/tmp/mirage-cache}
 out=${OUT:-/tmp}
-python -m pytest -q tests/gpu -p no:cacheprovider 2>&1 | tail -5
+# Every GPU-marked test, in JOBS processes (pytest-xdist; the tests are mostly NVRTC-bound).
+python -m pytest -q -m gpu tests -p no:cacheprovider -n "${JOBS:-4}" 2>&1 | tail -5
 status=0
 if [ -n "${SMALL:-}" ]; then
     python benches/gpu/check_correctness.py --small --json "$out/check.json" || status=$?

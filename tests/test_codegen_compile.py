@@ -108,7 +108,8 @@ def test_block_ops_compile():
 
 
 def _rmsnorm_matmul() -> mi.KNGraph:
-    """rms_norm then matmul as two predefined kernels (X 16x256, W 256x128)."""
+    """rms_norm then matmul as two predefined kernels (X 16x256, W 256x128; the matmul on the
+    default kernel where MIRAGE_CUBLAS=0, else a cuBLAS step)."""
     g = mi.new_kernel_graph()
     x = g.new_input((16, 256), dtype=mi.float16)
     w = g.new_input((256, 128), dtype=mi.float16)
@@ -116,7 +117,8 @@ def _rmsnorm_matmul() -> mi.KNGraph:
     return g
 
 
-def test_generated_source_is_inspectable():
+def test_generated_source_is_inspectable(monkeypatch):
+    monkeypatch.setenv("MIRAGE_CUBLAS", "0")
     g = _rmsnorm_matmul()
     src = g.cuda_source(90)
     assert "namespace mi" in src and src.count('extern "C" __global__') == 2
@@ -125,7 +127,8 @@ def test_generated_source_is_inspectable():
     assert plan["workspace_bytes"] >= 16 * 256 * 4
 
 
-def test_cuda_resources_report_every_kernel():
+def test_cuda_resources_report_every_kernel(monkeypatch):
+    monkeypatch.setenv("MIRAGE_CUBLAS", "0")
     g = _rmsnorm_matmul()
     _, plan = _cuda.cuda_source(g, 90)
     res = g.cuda_resources(90)
@@ -140,6 +143,7 @@ def test_cuda_resources_report_every_kernel():
 
 
 def test_cuda_sass_lists_each_kernels_instructions(monkeypatch):
+    monkeypatch.setenv("MIRAGE_CUBLAS", "0")
     g = _rmsnorm_matmul()
     _, plan = _cuda.cuda_source(g, 90)
     code = g.cuda_sass(90)
@@ -163,6 +167,7 @@ def test_cuda_sass_lists_each_kernels_instructions(monkeypatch):
         ("MIRAGE_ASYNC_PUSH", ("0", "1", " 0 ", ""), "on", 'must be 0 or 1, got "on"'),
         ("MIRAGE_WGMMA_ACC", ("0", "1", ""), "2", 'must be 0 or 1, got "2"'),
         ("MIRAGE_EVICT_FIRST", ("0", "1", ""), "off", 'must be 0 or 1, got "off"'),
+        ("MIRAGE_CUBLAS", ("0", "1", ""), "no", 'must be 0 or 1, got "no"'),
     ],
 )
 def test_codegen_settings_from_the_environment_are_checked(monkeypatch, var, good, bad, message):
@@ -193,12 +198,49 @@ def test_weight_tiles_read_once_carry_the_l2_policy_unless_turned_off(monkeypatc
     assert "_pol(" not in best.cuda_source(75).split("generated kernels")[1]
 
 
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16, mi.float32])
+def test_a_predefined_matmul_is_recorded_as_a_cublas_step(dtype, monkeypatch):
+    # rms_norm (a default kernel) feeding a transposed-weight matmul (a cuBLAS step), then an
+    # element-wise op: the steps keep the graph's order, the source compiles and shows the step.
+    g = mi.new_kernel_graph()
+    x = g.new_input((16, 256), dtype=dtype)
+    w = g.new_input((256, 128), dtype=dtype, strides=(1, 256))
+    g.mark_output(g.exp(g.matmul(g.rms_norm(x, (256,)), w)))
+    src, plan = _cuda.cuda_source(g, 90)
+    assert [k["kind"] for k in plan["kernels"]] == ["rms_norm", "exp"]
+    (gemm,) = plan["gemms"]
+    assert plan["steps"] == [plan["kernels"][0]["name"], gemm["name"], plan["kernels"][1]["name"]]
+    assert (gemm["m"], gemm["n"], gemm["k"], gemm["batch"]) == (16, 128, 256, 1)
+    # Row-major C: C^T = B^T A^T, the weight stored [n, k] read transposed, fp32 result.
+    assert gemm["swapped"] and gemm["trans_first"] and not gemm["trans_second"], gemm
+    assert (gemm["input_dtype"], gemm["output_dtype"]) == (dtype.name, "float32")
+    assert gemm["args"][:2] == ["input1", "workspace+0"], gemm
+    assert plan["workspace_bytes"] >= 32 << 20
+    assert f"// {gemm['name']}: cuBLAS gemm 16 x 128 x 256" in src
+    assert f"{gemm['name']}(" not in src  # no kernel for it
+    _compile(g, f"cuBLAS step {dtype.name}")
+    # explain (with ptxas's report of the kernels) shows the step under its op.
+    text = mi.explain(g, arch=90, compile=True, quiet=True)
+    assert f"{gemm['name']}: cuBLAS gemm 16 x 128 x 256, {dtype.name} -> float32" in text, text
+    # Forced off: the default kernel, with the intermediate back in fp32.
+    monkeypatch.setenv("MIRAGE_CUBLAS", "0")
+    _, off = _cuda.cuda_source(g, 90)
+    assert off["gemms"] == [] and [k["kind"] for k in off["kernels"]] == [
+        "rms_norm",
+        "matmul",
+        "exp",
+    ]
+    assert off["workspace_bytes"] < 32 << 20
+    _compile(g, f"default matmul {dtype.name}")
+
+
 def test_compile_error_reports_the_nvrtc_log():
     with pytest.raises(RuntimeError, match="NVRTC failed to compile.*error"):
         _core.nvrtc_compile("__global__ void k() { not_declared(); }", 90)
 
 
-def test_resources_script_reads_saved_graphs(tmp_path, capsys):
+def test_resources_script_reads_saved_graphs(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MIRAGE_CUBLAS", "0")  # the default matmul kernel's resources
     import importlib.util
     import pathlib
 

@@ -36,6 +36,13 @@ off) asks for every kernel. Copies of graph-input tiles each block reads alone, 
 weight's tiles), carry the L2 policy evict_first (sm_80 and later); ``MIRAGE_EVICT_FIRST=0``
 copies them plainly. Another value of these raises ValueError.
 
+Predefined matmuls whose layout cuBLAS takes run on cuBLAS (``cublasGemmStridedBatchedEx``,
+fp32 accumulation) instead of the default matmul kernel; libcublas is found like NVRTC (the
+copy already loaded in this process, the nvidia pip packages, ``CUDA_HOME``). Where it cannot
+be loaded the default kernel runs and ``executable(...).cublas_note`` says why;
+``MIRAGE_CUBLAS=0`` (read when a graph's program is generated) keeps every matmul on the
+default kernel. See docs/codegen.md.
+
 On sm_90 and later the kernels are launched as programmatic dependents of the previous kernel
 in the stream: each may be scheduled while that one drains, and waits for it to finish before
 touching memory. ``MIRAGE_PDL=0`` (read when a graph is first run) launches them plainly.
@@ -79,8 +86,9 @@ _EXECUTABLES: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = (
 )
 
 
-def _loaded_nvrtc() -> list[str]:
-    """Paths of libnvrtc already mapped into this process (e.g. by torch)."""
+def _loaded_libs(*prefixes: str) -> list[str]:
+    """Paths of the libraries whose file names start with one of ``prefixes`` already mapped
+    into this process (e.g. by torch)."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
             maps = f.read()
@@ -90,13 +98,19 @@ def _loaded_nvrtc() -> list[str]:
     for line in maps.splitlines():
         path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
         name = os.path.basename(path)
-        if name.startswith("libnvrtc.so") and path not in out:
+        if name.startswith(prefixes) and path not in out:
             out.append(path)
     return out
 
 
+def _loaded_nvrtc() -> list[str]:
+    """Paths of libnvrtc already mapped into this process (e.g. by torch)."""
+    return _loaded_libs("libnvrtc.so")
+
+
 def _nvidia_dirs() -> tuple[list[str], list[str]]:
-    """NVRTC library folders and include folders of the nvidia pip packages on sys.path."""
+    """Library folders (NVRTC, cuBLAS) and include folders of the nvidia pip packages on
+    sys.path: ``nvidia/cu13/lib`` (CUDA 13 wheels) or the per-library folders of CUDA 12's."""
     libs: list[str] = []
     incs: list[str] = []
     roots: list[str] = []
@@ -105,7 +119,7 @@ def _nvidia_dirs() -> tuple[list[str], list[str]]:
         if os.path.isdir(cand) and cand not in roots:
             roots.append(cand)
     for root in roots:
-        for sub in ("cu13", "cu12", "cuda_nvrtc", "cuda_runtime"):
+        for sub in ("cu13", "cu12", "cuda_nvrtc", "cuda_runtime", "cublas"):
             lib = os.path.join(root, sub, "lib")
             inc = os.path.join(root, sub, "include")
             if os.path.isdir(lib):
@@ -120,7 +134,10 @@ def _configure() -> None:
     if _configured:
         return
     libs, incs = _nvidia_dirs()
-    _core.cuda_configure(_loaded_nvrtc() + libs, incs)
+    # cuBLAS is looked for in the same paths as NVRTC: the folders of a libcublas already
+    # loaded come first (folders, not files: a file path is taken as an NVRTC candidate).
+    blas = [os.path.dirname(p) for p in _loaded_libs("libcublasLt.so", "libcublas.so")]
+    _core.cuda_configure(_loaded_nvrtc() + list(dict.fromkeys(blas)) + libs, incs)
     _configured = True
 
 

@@ -20,6 +20,7 @@ RESULT_SWITCHES: tuple[tuple[str, str], ...] = (
     ("MIRAGE_WGMMA_ACC", "1: every loop matmul that fits sums on the warpgroup tensor cores"),
     ("MIRAGE_EVICT_FIRST", "0: tiles read once are copied without the evict_first policy"),
     ("MIRAGE_PDL", "0: kernels launch plainly, not as programmatic dependents (sm_90+)"),
+    ("MIRAGE_CUBLAS", "0: predefined matmuls run on the default kernel, not on cuBLAS"),
     ("MIRAGE_LOAD_CODES", "a folder of edited sources compiled in place of generated ones"),
 )
 

@@ -4,7 +4,8 @@ the one-line summary of a ``superoptimize`` choice (:func:`summary`).
 For each kernel op :func:`explain_data` gives its kind (a predefined op with its shapes, or a
 customized op with its block graph: grid, block, for-loop range and the block ops), the
 search's cost model of it (``_core.KernelGraph.op_costs``), and, from code generation (no
-NVRTC, no GPU), its launches: grid, block, cluster and dynamic shared memory; with
+NVRTC, no GPU), its launches: grid, block, cluster and dynamic shared memory, or the cuBLAS
+GEMM a predefined matmul becomes where cuBLAS can be loaded (``cuBLAS gemm m x n x k``); with
 ``compile=True`` also ptxas's registers and spills (NVRTC needed, not a GPU). The whole
 graph's measured time is shown when ``superoptimize`` profiled it (per-kernel times are not
 measured). :func:`explain` renders that as text and can write the graph's DOT (and SVG/PNG
@@ -130,7 +131,7 @@ def explain_data(
         arch = _cuda.default_arch()
     plan, why = _launch_plan(graph, compile, arch) if launches else (None, "not asked for")
     by_op: dict[int, list[dict[str, Any]]] = {}
-    for k in (plan or {}).get("kernels", []):
+    for k in [*(plan or {}).get("kernels", []), *(plan or {}).get("gemms", [])]:
         by_op.setdefault(int(k["op"]), []).append(k)
     ops = []
     for i, op in enumerate(doc["ops"]):
@@ -184,6 +185,13 @@ def explain_data(
 
 # ------------------------------------------------------------------ text
 def _launch_line(k: Mapping[str, Any]) -> str:
+    if k.get("kind") == "cublas_gemm":
+        batch = int(k.get("batch", 1))
+        return (
+            f"{k['name']}: cuBLAS gemm {k['m']} x {k['n']} x {k['k']}"
+            + (f", batch {batch}" if batch > 1 else "")
+            + f", {k['input_dtype']} -> {k['output_dtype']}, fp32 accumulation"
+        )
     line = (
         f"launch {k['name']}: grid {_dim3(k['grid'])}, block {_dim3(k['block'])}, "
         f"cluster {_dim3(k['cluster'])}, smem {int(k['smem_bytes']):,} B"

@@ -133,7 +133,8 @@ impl CudaExecutable {
         Ok(CudaExecutable { inner })
     }
 
-    /// Launches every kernel on `stream` (raw `cudaStream_t`, 0 = default stream).
+    /// Runs every step (kernels and cuBLAS GEMMs) on `stream` (raw `cudaStream_t`, 0 = default
+    /// stream).
     ///
     /// The caller (the Python package) guarantees that every pointer is a live allocation on
     /// this device with the dims, dtype and strides of `input_specs` / `output_specs`, and
@@ -168,7 +169,15 @@ impl CudaExecutable {
         self.inner.program().source.clone()
     }
 
-    /// The launches as JSON (names, grids, shared memory, arguments).
+    /// Why predefined matmuls do not run on cuBLAS in this executable (cuBLAS not loadable,
+    /// or `MIRAGE_CUBLAS=0`), or None.
+    #[getter]
+    fn cublas_note(&self) -> Option<String> {
+        self.inner.cublas_note().map(str::to_string)
+    }
+
+    /// The launches as JSON (names, grids, shared memory, arguments; cuBLAS GEMM steps under
+    /// `gemms`, every step's name in order under `steps`).
     #[getter]
     fn summary(&self) -> String {
         self.inner.program().launch_summary()
@@ -188,7 +197,13 @@ impl CudaExecutable {
 
     fn __repr__(&self) -> String {
         let p = self.inner.program();
-        format!("CudaExecutable(sm_{}, {} kernel(s), device {})", p.arch, p.kernels.len(), self.inner.device().ordinal)
+        format!(
+            "CudaExecutable(sm_{}, {} kernel(s), {} cuBLAS GEMM(s), device {})",
+            p.arch,
+            p.kernels.len(),
+            p.gemms().count(),
+            self.inner.device().ordinal
+        )
     }
 }
 

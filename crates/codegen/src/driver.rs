@@ -64,9 +64,14 @@ unsafe impl Send for Device {}
 unsafe impl Sync for Device {}
 
 /// Pushes a context on creation and pops it on drop.
-struct CtxGuard;
+pub(crate) struct CtxGuard;
 
 impl CtxGuard {
+    /// Pushes `device`'s primary context on this thread until the guard drops.
+    pub(crate) fn device(device: &Device) -> Result<CtxGuard> {
+        Self::push(device.ctx)
+    }
+
     fn push(ctx: sys::CUcontext) -> Result<CtxGuard> {
         // SAFETY: `ctx` is a retained primary context.
         unsafe { sys::cuCtxPushCurrent_v2(ctx) }.result().map_err(|e| drv_err("cuCtxPushCurrent", e))?;
@@ -206,19 +211,19 @@ impl Module {
         &self.device
     }
 
-    /// Launches every kernel in order on `stream` (a raw `CUstream`, 0 = the legacy default
-    /// stream); `args[i]` holds kernel `i`'s pointer arguments.
+    /// Launches kernels `first..first + args.len()` in order on `stream` (a raw `CUstream`, 0
+    /// = the legacy default stream); `args[i]` holds kernel `first + i`'s pointer arguments.
     ///
     /// # Safety
     /// Every pointer must be a live device allocation of the device, large enough for the
     /// tensor the kernel reads or writes there, and `stream` a stream of the device's primary
     /// context (or 0).
-    pub unsafe fn launch(&self, args: &[Vec<u64>], stream: u64) -> Result<()> {
-        if args.len() != self.funcs.len() {
-            return Err(Error::Launch(format!("{} argument lists for {} kernels", args.len(), self.funcs.len())));
-        }
+    pub unsafe fn launch(&self, first: usize, args: &[Vec<u64>], stream: u64) -> Result<()> {
+        let funcs = first.checked_add(args.len()).and_then(|end| self.funcs.get(first..end)).ok_or_else(|| {
+            Error::Launch(format!("{} argument lists from kernel {first} of {}", args.len(), self.funcs.len()))
+        })?;
         let _g = CtxGuard::push(self.device.ctx)?;
-        for ((f, k), a) in self.funcs.iter().zip(args) {
+        for ((f, k), a) in funcs.iter().zip(args) {
             let mut vals: Vec<u64> = a.clone();
             let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
             let dependent = self.dependent && k.dep_wait;

@@ -58,6 +58,14 @@ pub enum Error {
         /// The error name and description.
         msg: String,
     },
+    /// cuBLAS could not be loaded, or a cuBLAS call failed.
+    #[error("cuBLAS call {call} failed: {msg}")]
+    Cublas {
+        /// The cuBLAS function (or `load` for the library itself).
+        call: &'static str,
+        /// The status name and description.
+        msg: String,
+    },
     /// Launch arguments do not fit the compiled program.
     #[error("launch: {0}")]
     Launch(String),

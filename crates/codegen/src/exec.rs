@@ -1,21 +1,26 @@
 //! A compiled, loaded program ready to launch on raw device pointers: generation for the
 //! device's exact architecture and shared-memory limit, NVRTC compilation (cached), module
-//! load, and per-call argument checks.
+//! load, and per-call argument checks. Predefined matmuls run on cuBLAS where it loads
+//! (`crate::cublas`), else on their default kernels, with the reason kept
+//! ([`Executable::cublas_note`]).
 
 use std::sync::Arc;
 
 use mirage_ugraph::KernelGraph;
 
+use crate::cublas::{self, Blas};
 use crate::driver::{self, Device, Module};
 use crate::error::{Error, Result};
 use crate::generate::{generate, Options};
 use crate::nvrtc;
-use crate::program::{BufferRef, KernelSpec, Program};
+use crate::program::{BufferRef, KernelSpec, Program, Step};
 
 /// A kernel graph compiled and loaded on one device.
 pub struct Executable {
     program: Program,
     module: Module,
+    blas: Option<Arc<Blas>>,
+    cublas_note: Option<String>,
 }
 
 impl Executable {
@@ -31,15 +36,25 @@ impl Executable {
     /// NAME's block or dynamic shared memory (a hand variant with another warpgroup).
     pub fn with_source(g: &KernelGraph, ordinal: i32, source: Option<String>) -> Result<Executable> {
         let device = driver::device(ordinal)?;
-        let mut program = generate(
-            g,
-            &Options { smem_limit: Some(device.smem_optin), ..Options::for_target_from_env(device.target)? },
-        )?;
+        let opts = Options { smem_limit: Some(device.smem_optin), ..Options::for_target_from_env(device.target)? };
+        let mut program = generate(g, &opts)?;
+        let mut note = None;
+        if !opts.cublas {
+            note = Some("MIRAGE_CUBLAS=0: predefined matmuls run on the default kernel".to_string());
+        } else if program.gemms().next().is_some() {
+            if let Err(why) = cublas::for_device(&device) {
+                // The library is optional: the default kernels take the matmuls.
+                note = Some(format!("cuBLAS is not available ({why}): predefined matmuls run on the default kernel"));
+                program = generate(g, &Options { cublas: false, ..opts })?;
+            }
+        }
         if let Some(s) = source {
             override_launches(&mut program.kernels, &s)?;
             program.source = s;
         }
-        Self::from_program(program, device)
+        let mut exe = Self::from_program(program, device)?;
+        exe.cublas_note = note;
+        Ok(exe)
     }
 
     /// Compiles and loads an already generated program on `device` (its arch must match).
@@ -50,9 +65,19 @@ impl Executable {
                 program.arch, device.ordinal, device.arch
             )));
         }
+        let blas = match program.gemms().next() {
+            Some(_) => Some(cublas::for_device(&device).map_err(|msg| Error::Cublas { call: "load", msg })?),
+            None => None,
+        };
         let cubin = nvrtc::compile(&program.source, program.arch)?;
         let module = Module::load(device, &cubin, &program.kernels)?;
-        Ok(Executable { program, module })
+        Ok(Executable { program, module, blas, cublas_note: None })
+    }
+
+    /// Why predefined matmuls do not run on cuBLAS here (cuBLAS not loadable, or turned off
+    /// with `MIRAGE_CUBLAS=0`); `None` when cuBLAS takes every matmul whose layout it can.
+    pub fn cublas_note(&self) -> Option<&str> {
+        self.cublas_note.as_deref()
     }
 
     /// The generated program.
@@ -65,8 +90,9 @@ impl Executable {
         self.module.device()
     }
 
-    /// Launches every kernel on `stream` with the graph's input and output pointers and a
-    /// workspace of at least [`Program::workspace_bytes`] bytes (0 when none is needed).
+    /// Runs every step (kernels and cuBLAS GEMMs, in the program's order) on `stream` with the
+    /// graph's input and output pointers and a workspace of at least
+    /// [`Program::workspace_bytes`] bytes (0 when none is needed).
     ///
     /// # Safety
     /// Each pointer must address a live allocation on this device holding the tensor the
@@ -90,22 +116,43 @@ impl Executable {
         if p.workspace_bytes > 0 && workspace == 0 {
             return Err(Error::Launch(format!("the program needs {} bytes of workspace", p.workspace_bytes)));
         }
-        let args: Vec<Vec<u64>> = p
-            .kernels
-            .iter()
-            .map(|k| {
-                k.args
-                    .iter()
-                    .map(|a| match *a {
-                        BufferRef::Input(i) => inputs[i],
-                        BufferRef::Output(j) => outputs[j],
-                        BufferRef::Workspace(off) => workspace + off as u64,
-                    })
-                    .collect()
-            })
-            .collect();
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { self.module.launch(&args, stream) }
+        let ptr = |a: &BufferRef| match *a {
+            BufferRef::Input(i) => inputs[i],
+            BufferRef::Output(j) => outputs[j],
+            BufferRef::Workspace(off) => workspace + off as u64,
+        };
+        let args: Vec<Vec<u64>> = p.kernels.iter().map(|k| k.args.iter().map(ptr).collect()).collect();
+        // Consecutive kernels go out together; a GEMM step ends such a run.
+        let mut run: Option<(usize, usize)> = None;
+        let flush = |run: &mut Option<(usize, usize)>| -> Result<()> {
+            if let Some((first, end)) = run.take() {
+                // SAFETY: forwarded from the caller's contract.
+                unsafe { self.module.launch(first, &args[first..end], stream) }?;
+            }
+            Ok(())
+        };
+        for step in &p.steps {
+            match step {
+                Step::Kernel(i) => match run {
+                    Some((_, ref mut end)) if *end == *i => *end += 1,
+                    _ => {
+                        flush(&mut run)?;
+                        run = Some((*i, i.checked_add(1).ok_or_else(|| Error::Launch("kernel index".into()))?));
+                    }
+                },
+                Step::Gemm(g) => {
+                    flush(&mut run)?;
+                    let blas =
+                        self.blas.as_ref().ok_or_else(|| Error::Launch(format!("{}: no cuBLAS handle", g.name)))?;
+                    let (a, b, c, ws) =
+                        (ptr(&g.first.location), ptr(&g.second.location), ptr(&g.out.location), ptr(&g.workspace));
+                    // SAFETY: forwarded from the caller's contract; the workspace slice lies
+                    // inside the caller's workspace of `workspace_bytes`.
+                    unsafe { blas.gemm(g, a, b, c, ws, stream) }?;
+                }
+            }
+        }
+        flush(&mut run)
     }
 }
 

@@ -7,7 +7,8 @@ use mirage_ugraph::{BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Target, 
 use crate::block_kernel;
 use crate::default_kernels::{self as dk, Ew};
 use crate::error::{Error, Result};
-use crate::program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};
+use crate::gemm;
+use crate::program::{BufferRef, DevBuffer, KernelSpec, Program, Step, Storage, TensorDesc};
 use crate::runtime::Parts;
 
 /// The line between the runtime header and the generated kernels in a generated source.
@@ -44,6 +45,10 @@ pub struct Options {
     /// Copies of graph-input tiles that only one block reads, once, carry the L2 policy
     /// evict_first (`block_kernel::Knobs::evict_first`; `MIRAGE_EVICT_FIRST=0` turns it off).
     pub evict_first: bool,
+    /// Predefined matmuls whose layout cuBLAS takes become cuBLAS GEMM steps
+    /// ([`crate::program::Step::Gemm`]) instead of default kernels (`MIRAGE_CUBLAS=0` turns
+    /// it off; [`crate::Executable`] turns it off where libcublas cannot be loaded).
+    pub cublas: bool,
 }
 
 /// Consumer warpgroups of the interleaved warp-specialised attention loop (64 query rows a
@@ -79,6 +84,7 @@ impl Options {
             async_push: true,
             wgmma_acc: false,
             evict_first: true,
+            cublas: true,
         }
     }
 
@@ -97,6 +103,7 @@ impl Options {
             async_push: Self::flag_from_env("MIRAGE_ASYNC_PUSH", true)?,
             wgmma_acc: Self::flag_from_env("MIRAGE_WGMMA_ACC", false)?,
             evict_first: Self::flag_from_env("MIRAGE_EVICT_FIRST", true)?,
+            cublas: Self::flag_from_env("MIRAGE_CUBLAS", true)?,
             ..Self::for_target(target)
         })
     }
@@ -110,7 +117,8 @@ impl Options {
     /// or empty: `MIRAGE_LAZY_MERGE` (0: the gathering cluster merge), `MIRAGE_ASYNC_PUSH` (0:
     /// the merge's pushes released on the cluster barrier), `MIRAGE_WGMMA_ACC` (1: loop
     /// matmuls on the warpgroup tensor cores), `MIRAGE_EVICT_FIRST` (0: no L2 policy on the
-    /// copies of tiles read once). Any other value is an error naming the variable.
+    /// copies of tiles read once), `MIRAGE_CUBLAS` (0: predefined matmuls on the default
+    /// kernel, not cuBLAS). Any other value is an error naming the variable.
     pub fn flag_from_env(var: &str, default: bool) -> Result<bool> {
         let v = std::env::var(var).unwrap_or_default();
         match v.trim() {
@@ -177,8 +185,9 @@ fn needed_ops(g: &KernelGraph, output_ids: &[TensorId]) -> Vec<bool> {
 /// Graph inputs and outputs keep their dtypes and layouts; intermediate tensors between
 /// kernels are stored in a workspace: in fp32 where they carry sums or `exp` values (fp32
 /// accumulation end to end, and no overflow of partial sums such as `exp` sums), in their
-/// declared dtype where they are plain values (`plain_output`). Ops no output depends on
-/// are skipped.
+/// declared dtype where they are plain values (`plain_output`) or, with `opts.cublas`, where
+/// a predefined matmul reads them (so that cuBLAS, which takes inputs of one storage, can run
+/// it). Ops no output depends on are skipped.
 pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
     let g = g.revalidate()?;
     let n_t = g.tensors.len();
@@ -229,6 +238,18 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         }
     }
     let opneed = needed_ops(&g, &output_ids);
+    // With cuBLAS, an intermediate a predefined matmul reads is stored in its declared dtype,
+    // as the user's program stores it: cuBLAS takes two inputs of one storage only.
+    let mut feeds_matmul = vec![false; n_t];
+    if opts.cublas {
+        for (i, op) in g.ops.iter().enumerate() {
+            if opneed[i] && matches!(op.kind, KernelOpKind::Matmul) {
+                for &t in &op.inputs {
+                    feeds_matmul[t] = true;
+                }
+            }
+        }
+    }
     let mut workspace = 0usize;
     for (i, op) in g.ops.iter().enumerate() {
         if !opneed[i] {
@@ -239,6 +260,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                 let dims = g.tensors[t].dims.clone();
                 let storage = match &op.kind {
                     KernelOpKind::Customized { graph } if plain_output(graph, k) => Storage::of(g.tensors[t].dtype),
+                    _ if feeds_matmul[t] => Storage::of(g.tensors[t].dtype),
                     _ => Storage::F32,
                 };
                 let bytes = dims.iter().product::<usize>() * storage.size_bytes();
@@ -257,8 +279,11 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
     };
 
     let mut kernels: Vec<KernelSpec> = Vec::new();
+    let mut steps: Vec<Step> = Vec::new();
     let mut bodies: Vec<String> = Vec::new();
     let mut parts = Parts::NONE;
+    // cuBLAS's workspace, after the intermediates (reserved once some matmul takes cuBLAS).
+    let gemm_ws = BufferRef::Workspace(workspace);
     for (i, op) in g.ops.iter().enumerate() {
         if !opneed[i] || matches!(op.kind, KernelOpKind::Input { .. }) {
             continue;
@@ -267,6 +292,13 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         let outs: Vec<&DevBuffer> = op.outputs.iter().map(|&t| get(t)).collect::<Result<_>>()?;
         let name = format!("mi_k{i}_{}", op.kind.name());
         let kind = op.kind.name();
+        if opts.cublas && matches!(op.kind, KernelOpKind::Matmul) {
+            if let Some(spec) = gemm::plan(&name, i, ins[0], ins[1], outs[0], gemm_ws) {
+                bodies.push(gemm::comment(&spec));
+                steps.push(Step::Gemm(Box::new(spec)));
+                continue;
+            }
+        }
         let (src, grid, block, smem, cluster) = match &op.kind {
             KernelOpKind::Customized { graph } => {
                 // A block input declared with leading 1s reads the buffer as that view.
@@ -314,6 +346,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         }
         let mut args: Vec<BufferRef> = ins.iter().map(|b| b.location).collect();
         args.extend(outs.iter().map(|b| b.location));
+        steps.push(Step::Kernel(kernels.len()));
         kernels.push(KernelSpec { name, kind, op: i, grid, block, cluster, smem_bytes: smem, args, dep_wait: true });
         bodies.push(src);
     }
@@ -328,6 +361,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         };
         let name = format!("mi_copy_out{j}");
         let e = dk::elementwise(&name, &Ew::Copy, &[src], &out)?;
+        steps.push(Step::Kernel(kernels.len()));
         kernels.push(KernelSpec {
             name,
             kind: "copy",
@@ -342,9 +376,17 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         bodies.push(e.source);
     }
 
+    let n_gemms = steps.iter().filter(|s| matches!(s, Step::Gemm(_))).count();
+    if n_gemms > 0 {
+        workspace = workspace
+            .checked_add(gemm::WORKSPACE_BYTES)
+            .ok_or_else(|| Error::Unsupported("the workspace size overflows".into()))?;
+    }
+    let gemm_note =
+        if n_gemms > 0 { format!(" and {n_gemms} cuBLAS GEMM(s) (shown as comments)") } else { String::new() };
     let mut source = String::new();
     source.push_str(&format!(
-        "// Generated by mirage-codegen {} for sm_{}: {} kernel(s). Self-contained apart from CUDA's headers.\n",
+        "// Generated by mirage-codegen {} for sm_{}: {} kernel(s){gemm_note}. Self-contained apart from CUDA's headers.\n",
         env!("CARGO_PKG_VERSION"),
         opts.arch(),
         kernels.len()
@@ -369,7 +411,16 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         .zip(&out_strides)
         .map(|(&t, s)| TensorDesc { dims: g.tensors[t].dims.clone(), strides: s.clone(), dtype: g.tensors[t].dtype })
         .collect();
-    Ok(Program { source, arch: opts.arch(), kernels, inputs, outputs, workspace_bytes: workspace, runtime_parts })
+    Ok(Program {
+        source,
+        arch: opts.arch(),
+        kernels,
+        steps,
+        inputs,
+        outputs,
+        workspace_bytes: workspace,
+        runtime_parts,
+    })
 }
 
 /// `b` as the block input `bop` of `graph` declares it: its dims with leading 1s added
@@ -424,6 +475,46 @@ mod tests {
         let z = g.customized(&[x, y], k2).expect("kernel 2")[0];
         g.mark_output(z, None).expect("mark");
         generate(&g, &Options::for_arch(90)).expect("generates").source
+    }
+
+    #[test]
+    fn a_predefined_matmul_becomes_a_gemm_step_in_launch_order() {
+        // A customized kernel (x + x) feeding a predefined matmul, then an element-wise op.
+        let mut g = KernelGraph::new();
+        let x = g.new_input(&[64, 64], DType::Float16, None).expect("x");
+        let w = g.new_input(&[64, 32], DType::Float16, None).expect("w");
+        let mut k1 = BlockGraph::new([4, 1, 1], [128, 1, 1], 1, 64).expect("grid");
+        let a = k1.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("a");
+        let s = k1.binary(mirage_ugraph::BinaryOp::Add, a, a).expect("add");
+        k1.new_output(s, [0, -1, -1], -1).expect("output");
+        let s = g.customized(&[x], k1).expect("kernel")[0];
+        let y = g.matmul(s, w).expect("matmul");
+        let z = g.unary(UnaryOp::Exp, y).expect("exp");
+        g.mark_output(z, None).expect("mark");
+        let p = generate(&g, &Options::for_arch(90)).expect("generates");
+        let kinds: Vec<String> = p
+            .steps
+            .iter()
+            .map(|st| match st {
+                Step::Kernel(i) => p.kernels[*i].kind.to_string(),
+                Step::Gemm(gs) => format!("gemm {}x{}x{}", gs.m, gs.n, gs.k),
+            })
+            .collect();
+        assert_eq!(kinds, ["customized", "gemm 64x32x64", "exp"]);
+        let gs = p.gemms().next().expect("a gemm");
+        // The matmul reads the customized kernel's f16 output and writes an fp32 intermediate.
+        assert_eq!((gs.input_storage, gs.out_storage), (Storage::F16, Storage::F32));
+        let BufferRef::Workspace(ws) = gs.workspace else { panic!("{gs:?}") };
+        assert_eq!(p.workspace_bytes, ws + gemm::WORKSPACE_BYTES);
+        assert!(p.source.contains("// mi_k3_matmul: cuBLAS gemm 64 x 32 x 64"), "{}", p.kernels_source());
+        assert!(!p.source.contains("mi_k3_matmul("));
+        let off = generate(&g, &Options { cublas: false, ..Options::for_arch(90) }).expect("generates");
+        assert_eq!(off.gemms().count(), 0);
+        assert_eq!(off.kernels.iter().map(|k| k.kind).collect::<Vec<_>>(), ["customized", "matmul", "exp"]);
+        assert!(off.workspace_bytes < gemm::WORKSPACE_BYTES);
+        // The customized kernel's code is the same either way.
+        let first = |src: &str| src.split("\n}\n").next().map(str::to_string);
+        assert_eq!(first(p.kernels_source()), first(off.kernels_source()));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!   `__global__` per customized op (block-graph semantics of `mirage_ugraph::block`: input
 //!   iterators, tile ops, fp32 accumulators, post-loop ops, output savers) and default kernels
 //!   for predefined ops (matmul, element-wise with broadcasting, reduction, rms_norm with
-//!   weight, softmax); the runtime header's parts the kernels use (`runtime/*.cuh`, [`runtime`]) are inlined. A
+//!   weight, softmax), or a cuBLAS GEMM step ([`Step::Gemm`], [`gemm::plan`]) for a
+//!   predefined matmul whose layout cuBLAS takes; the runtime header's parts the kernels use (`runtime/*.cuh`, [`runtime`]) are inlined. A
 //!   customized op takes the first kernel form that fits its block graph: register rows
 //!   (`rowreg`: loop-free element-wise ops and RMS norms), register loops (`eltloop`:
 //!   [`mirage_ugraph::BlockGraph::is_elementwise`] graphs, a split-KV combine step) or the
@@ -36,6 +37,7 @@
 //! ```
 
 mod block_kernel;
+pub mod cublas;
 mod default_kernels;
 pub mod driver;
 mod eltloop;
@@ -43,6 +45,7 @@ mod emit;
 pub mod error;
 pub mod exec;
 mod flash;
+pub mod gemm;
 pub mod generate;
 pub mod nvrtc;
 pub mod program;
@@ -55,7 +58,7 @@ pub use error::{Error, Result};
 pub use exec::Executable;
 pub use generate::{generate, Options, WsWarpgroups};
 pub use mirage_ugraph::Target;
-pub use program::{BufferRef, DevBuffer, KernelSpec, Program, Storage, TensorDesc};
+pub use program::{BufferRef, DevBuffer, GemmOperand, GemmSpec, KernelSpec, Program, Step, Storage, TensorDesc};
 pub use resources::{KernelResources, PtxasReport};
 pub use runtime::{NamedBarrier, Part, Parts, RUNTIME_HEADER};
 pub use sass::KernelSass;

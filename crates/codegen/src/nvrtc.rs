@@ -105,6 +105,20 @@ pub(crate) fn tool_dirs() -> Vec<PathBuf> {
     dirs
 }
 
+/// The library files and folders searched before the loader's own path, in priority order:
+/// `MIRAGE_NVRTC_PATH`, the configured paths ([`configure`]), `lib64` and `lib` of each CUDA
+/// root (also where cuBLAS is looked for).
+pub(crate) fn library_search_paths() -> Vec<PathBuf> {
+    let cfg = config().lock().map(|c| c.clone()).unwrap_or_default();
+    let mut out: Vec<PathBuf> = env_paths("MIRAGE_NVRTC_PATH");
+    out.extend(cfg.lib_paths.iter().cloned());
+    for root in cuda_roots() {
+        out.push(root.join("lib64"));
+        out.push(root.join("lib"));
+    }
+    out
+}
+
 /// Candidate NVRTC library files, in priority order.
 fn library_candidates(cfg: &Config) -> Vec<PathBuf> {
     let mut dirs_or_files: Vec<PathBuf> = env_paths("MIRAGE_NVRTC_PATH");

@@ -104,6 +104,77 @@ pub struct KernelSpec {
     pub dep_wait: bool,
 }
 
+/// One operand of a cuBLAS GEMM call (column-major, as cuBLAS sees it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmOperand {
+    /// Where its memory comes from.
+    pub location: BufferRef,
+    /// Whether cuBLAS reads the stored column-major matrix transposed (`CUBLAS_OP_T`).
+    pub trans: bool,
+    /// Leading dimension of the stored column-major matrix, in elements.
+    pub ld: usize,
+    /// Elements between consecutive matrices of the batch (0: the same matrix for all).
+    pub batch_stride: usize,
+}
+
+/// A predefined matmul run as one `cublasGemmStridedBatchedEx` call (fp32 accumulation).
+///
+/// The graph's product is `C[m, n] = A[m, k] · B[k, n]`, `batch` times. cuBLAS is
+/// column-major, so a row-major C is computed as `C^T = B^T · A^T` (`swapped`): the call's
+/// first operand is then B and its m and n are the graph's n and m.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GemmSpec {
+    /// Step name (the name the op's default kernel would have).
+    pub name: String,
+    /// Index of the kernel-graph op it implements.
+    pub op: usize,
+    /// The graph's rows of C.
+    pub m: usize,
+    /// The graph's columns of C.
+    pub n: usize,
+    /// The graph's inner dimension.
+    pub k: usize,
+    /// Number of matrices (product of the batch dims; 1 without).
+    pub batch: usize,
+    /// Whether the call computes `C^T = B^T · A^T` (first operand B) instead of `C = A · B`.
+    pub swapped: bool,
+    /// The call's first operand (`A` argument of cuBLAS).
+    pub first: GemmOperand,
+    /// The call's second operand (`B` argument of cuBLAS).
+    pub second: GemmOperand,
+    /// The result (`C` argument of cuBLAS, never transposed).
+    pub out: GemmOperand,
+    /// Storage of both inputs.
+    pub input_storage: Storage,
+    /// Storage of the result (the inputs' or fp32).
+    pub out_storage: Storage,
+    /// cuBLAS's own workspace for the call (set with `cublasSetWorkspace`), inside the
+    /// program's workspace.
+    pub workspace: BufferRef,
+    /// Bytes of that workspace.
+    pub workspace_bytes: usize,
+}
+
+impl GemmSpec {
+    /// cuBLAS's `(m, n, k)` of the call.
+    pub fn call_dims(&self) -> (usize, usize, usize) {
+        if self.swapped {
+            (self.n, self.m, self.k)
+        } else {
+            (self.m, self.n, self.k)
+        }
+    }
+}
+
+/// One step of a program, in launch order on the caller's stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Launch `Program::kernels[i]`.
+    Kernel(usize),
+    /// A cuBLAS GEMM.
+    Gemm(Box<GemmSpec>),
+}
+
 /// Dims, dtype and layout of a graph input or output as the compiled program expects it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorDesc {
@@ -125,6 +196,9 @@ pub struct Program {
     pub arch: u32,
     /// Kernels in launch order.
     pub kernels: Vec<KernelSpec>,
+    /// Every step in order: each kernel of `kernels` once, in its order, with the cuBLAS
+    /// GEMMs between them.
+    pub steps: Vec<Step>,
     /// Graph inputs in call order.
     pub inputs: Vec<TensorDesc>,
     /// Graph outputs in output order.
@@ -139,6 +213,14 @@ impl Program {
     /// The generated kernels' code: the source after the runtime header.
     pub fn kernels_source(&self) -> &str {
         self.source.find(crate::generate::KERNELS_MARK).map_or(self.source.as_str(), |i| &self.source[i..])
+    }
+
+    /// The cuBLAS GEMM steps in order.
+    pub fn gemms(&self) -> impl Iterator<Item = &GemmSpec> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Gemm(g) => Some(&**g),
+            Step::Kernel(_) => None,
+        })
     }
 
     /// Largest dynamic shared memory of any kernel, in bytes.
@@ -194,7 +276,30 @@ impl Program {
                 o
             })
             .collect();
-        json!({ "arch": self.arch, "workspace_bytes": self.workspace_bytes, "kernels": kernels })
+        let gemms: Vec<_> = self
+            .gemms()
+            .map(|g| {
+                json!({
+                    "name": g.name, "kind": "cublas_gemm", "op": g.op, "m": g.m, "n": g.n, "k": g.k, "batch": g.batch,
+                    "swapped": g.swapped, "trans_first": g.first.trans, "trans_second": g.second.trans,
+                    "lda": g.first.ld, "ldb": g.second.ld, "ldc": g.out.ld,
+                    "input_dtype": g.input_storage.name(), "output_dtype": g.out_storage.name(),
+                    "args": [loc(&g.first.location), loc(&g.second.location), loc(&g.out.location)],
+                })
+            })
+            .collect();
+        let steps: Vec<&str> = self
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Kernel(i) => self.kernels.get(*i).map_or("?", |k| k.name.as_str()),
+                Step::Gemm(g) => g.name.as_str(),
+            })
+            .collect();
+        json!({
+            "arch": self.arch, "workspace_bytes": self.workspace_bytes, "kernels": kernels, "gemms": gemms,
+            "steps": steps,
+        })
     }
 }
 

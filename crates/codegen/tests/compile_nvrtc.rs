@@ -30,12 +30,20 @@ fn setup() -> bool {
     }
 }
 
+/// Compiles `g` for sm_80 and sm_90; where matmuls become cuBLAS steps, also with them on
+/// the default kernel (what runs where cuBLAS does not load).
 fn compile_all(name: &str, g: &KernelGraph) {
     for arch in [80, 90] {
-        let p = generate(g, &Options::for_arch(arch)).unwrap_or_else(|e| panic!("{name}: generate failed: {e}"));
-        assert_waits_first(name, &p);
-        if let Err(e) = nvrtc::compile(&p.source, arch) {
-            panic!("{name} (sm_{arch}) failed to compile: {e}\n--- source ---\n{}", p.source);
+        for cublas in [true, false] {
+            let p = generate(g, &Options { cublas, ..Options::for_arch(arch) })
+                .unwrap_or_else(|e| panic!("{name}: generate failed: {e}"));
+            assert_waits_first(name, &p);
+            if let Err(e) = nvrtc::compile(&p.source, arch) {
+                panic!("{name} (sm_{arch}) failed to compile: {e}\n--- source ---\n{}", p.source);
+            }
+            if p.gemms().next().is_none() {
+                break;
+            }
         }
     }
 }

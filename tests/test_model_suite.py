@@ -523,3 +523,40 @@ def test_the_search_finds_each_program_fused_on_the_cpu(ms, kind):
     assert best.search_stats["source"] == "search", best.search_stats.get("summary")
     assert _kernel_ops(best) == ["customized"], (cell.name, _kernel_ops(best))
     assert mi.verify(g, best).equivalent
+
+
+#: Real-shape cells whose search takes about a second on the CPU: the fused norm + QKV
+#: projection (head dims 128 and 256), LoRA at ranks 16 and 64, and an output projection,
+#: which stays a predefined matmul.
+REAL_SHAPE_CELLS = (
+    "llama3-8b/qkv/b1/fp16",
+    "gemma2-9b/qkv/b1/bf16",
+    "mistral-7b/lora/b1/rank64/bf16",
+    "qwen2.5-7b/lora/b8/rank16/fp16",
+    "mistral-7b/oproj/b8/fp16",
+)
+
+
+@pytest.mark.parametrize("name", REAL_SHAPE_CELLS)
+def test_the_winner_at_the_real_shape_compiles_for_sm80_and_sm90(ms, name, tmp_path):
+    # The search's pick at the model's own shapes (cost model), generated and compiled by NVRTC
+    # for both architectures: fused programs are one customized kernel, the lone projection a
+    # cuBLAS step with no kernel of its own.
+    from conftest import nvrtc_or_skip
+    from mirage import _cuda
+
+    nvrtc_or_skip()
+    cell = ms.parse_cell(name)
+    g = ms.build_program(cell)
+    best = g.superoptimize(
+        backend="cpu", config=ms.PROGRAMS[cell.program].config, cache_dir=tmp_path, time_budget=60
+    )
+    lone = cell.program == "oproj"
+    assert _kernel_ops(best) == ["matmul" if lone else "customized"], _kernel_ops(best)
+    for arch in (80, 90):
+        _, plan = _cuda.cuda_source(best, arch)
+        assert len(plan["gemms"]) == int(lone) and len(plan["kernels"]) == int(not lone), plan
+        if lone:
+            (gemm,) = plan["gemms"]
+            assert (gemm["m"], gemm["n"], gemm["k"]) == (8, cell.config.hidden, cell.config.hidden)
+        assert _cuda.compile_cubin(best, arch)[:4] == b"\x7fELF"

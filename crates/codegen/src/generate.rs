@@ -238,42 +238,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         }
     }
     let opneed = needed_ops(&g, &output_ids);
-    // With cuBLAS, an intermediate a predefined matmul reads is stored in its declared dtype,
-    // as the user's program stores it: cuBLAS takes two inputs of one storage only.
-    let mut feeds_matmul = vec![false; n_t];
-    if opts.cublas {
-        for (i, op) in g.ops.iter().enumerate() {
-            if opneed[i] && matches!(op.kind, KernelOpKind::Matmul) {
-                for &t in &op.inputs {
-                    feeds_matmul[t] = true;
-                }
-            }
-        }
-    }
-    let mut workspace = 0usize;
-    for (i, op) in g.ops.iter().enumerate() {
-        if !opneed[i] {
-            continue;
-        }
-        for (k, &t) in op.outputs.iter().enumerate() {
-            if buf[t].is_none() {
-                let dims = g.tensors[t].dims.clone();
-                let storage = match &op.kind {
-                    KernelOpKind::Customized { graph } if plain_output(graph, k) => Storage::of(g.tensors[t].dtype),
-                    _ if feeds_matmul[t] => Storage::of(g.tensors[t].dtype),
-                    _ => Storage::F32,
-                };
-                let bytes = dims.iter().product::<usize>() * storage.size_bytes();
-                buf[t] = Some(DevBuffer {
-                    strides: dk::dense(&dims),
-                    dims,
-                    storage,
-                    location: BufferRef::Workspace(workspace),
-                });
-                workspace += bytes.div_ceil(WORKSPACE_ALIGN) * WORKSPACE_ALIGN;
-            }
-        }
-    }
+    let mut workspace = place_intermediates(&g, &opneed, opts.cublas, &mut buf)?;
     let get = |t: TensorId| -> Result<&DevBuffer> {
         buf[t].as_ref().ok_or_else(|| Error::Unsupported(format!("internal error: tensor #{t} has no buffer")))
     };
@@ -299,46 +264,8 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
                 continue;
             }
         }
-        let (src, grid, block, smem, cluster) = match &op.kind {
-            KernelOpKind::Customized { graph } => {
-                // A block input declared with leading 1s reads the buffer as that view.
-                let in_bufs: Vec<DevBuffer> =
-                    ins.iter().zip(graph.input_ops()).map(|(b, bop)| lifted(b, graph, bop)).collect();
-                let out_bufs: Vec<DevBuffer> = outs.iter().map(|b| (*b).clone()).collect();
-                let knobs = block_kernel::Knobs {
-                    wgs: opts.ws_warpgroups,
-                    lazy_merge: opts.lazy_merge,
-                    async_push: opts.async_push,
-                    wgmma_acc: (opts.wgmma_acc || graph.warpgroup_acc) && opts.arch() == 90,
-                    evict_first: opts.evict_first && opts.arch() >= 80,
-                    target: opts.target,
-                };
-                let e = block_kernel::emit(&name, graph, &in_bufs, &out_bufs, opts.arch(), knobs)?;
-                let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);
-                let mut block = graph.block_dim.map(|x| x as u32);
-                block[0] += e.extra_threads as u32;
-                parts = parts.union(e.parts);
-                (e.source, grid, block, e.smem_bytes, e.cluster.map(|x| x as u32))
-            }
-            kind => {
-                let out = outs[0];
-                let e = match kind {
-                    KernelOpKind::Matmul => dk::matmul(&name, ins[0], ins[1], out)?,
-                    KernelOpKind::Unary { op: u } => dk::elementwise(&name, &Ew::Unary(*u), &ins, out)?,
-                    KernelOpKind::Binary { op: b } => dk::elementwise(&name, &Ew::Binary(*b), &ins, out)?,
-                    KernelOpKind::Reduction { dim } => dk::reduction(&name, *dim, ins[0], out)?,
-                    KernelOpKind::RmsNorm { normalized_ndims, eps } => {
-                        dk::rms_norm(&name, *normalized_ndims, *eps, ins[0], ins.get(1).copied(), out)?
-                    }
-                    KernelOpKind::Softmax { dim } => dk::softmax(&name, *dim, ins[0], out)?,
-                    KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => {
-                        return Err(Error::Unsupported("internal error: op handled above".into()))
-                    }
-                };
-                parts = parts.union(e.parts);
-                (e.source, e.grid, e.block, e.smem_bytes, [1; 3])
-            }
-        };
+        let OpKernel { source: src, grid, block, smem, cluster } =
+            emit_op(&name, &op.kind, &ins, &outs, opts, &mut parts)?;
         if let Some(limit) = opts.smem_limit {
             if smem > limit {
                 return Err(Error::SharedMemory { kernel: name, needed: smem, limit });
@@ -421,6 +348,114 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
         workspace_bytes: workspace,
         runtime_parts,
     })
+}
+
+/// Places every needed intermediate tensor (no buffer yet in `buf`) in the workspace; returns
+/// the workspace's size in bytes. Storage: fp32 where the tensor carries sums or `exp` values,
+/// the declared dtype where it is a plain value (`plain_output`) or, with `cublas`, where a
+/// predefined matmul reads it (cuBLAS takes two inputs of one storage only, and the user's
+/// program stores it so).
+fn place_intermediates(g: &KernelGraph, opneed: &[bool], cublas: bool, buf: &mut [Option<DevBuffer>]) -> Result<usize> {
+    let overflow = || Error::Unsupported("the workspace size overflows".into());
+    let mut feeds_matmul = vec![false; g.tensors.len()];
+    if cublas {
+        for (i, op) in g.ops.iter().enumerate() {
+            if opneed[i] && matches!(op.kind, KernelOpKind::Matmul) {
+                for &t in &op.inputs {
+                    feeds_matmul[t] = true;
+                }
+            }
+        }
+    }
+    let mut workspace = 0usize;
+    for (i, op) in g.ops.iter().enumerate() {
+        if !opneed[i] {
+            continue;
+        }
+        for (k, &t) in op.outputs.iter().enumerate() {
+            if buf[t].is_some() {
+                continue;
+            }
+            let dims = g.tensors[t].dims.clone();
+            let storage = match &op.kind {
+                KernelOpKind::Customized { graph } if plain_output(graph, k) => Storage::of(g.tensors[t].dtype),
+                _ if feeds_matmul[t] => Storage::of(g.tensors[t].dtype),
+                _ => Storage::F32,
+            };
+            let bytes = dims
+                .iter()
+                .try_fold(storage.size_bytes(), |acc, &d| acc.checked_mul(d))
+                .and_then(|b| b.checked_next_multiple_of(WORKSPACE_ALIGN))
+                .ok_or_else(overflow)?;
+            buf[t] =
+                Some(DevBuffer { strides: dk::dense(&dims), dims, storage, location: BufferRef::Workspace(workspace) });
+            workspace = workspace.checked_add(bytes).ok_or_else(overflow)?;
+        }
+    }
+    Ok(workspace)
+}
+
+/// One op's generated kernel: source and launch shape.
+struct OpKernel {
+    source: String,
+    grid: [u32; 3],
+    block: [u32; 3],
+    /// Dynamic shared memory in bytes.
+    smem: usize,
+    cluster: [u32; 3],
+}
+
+/// The kernel of one op (not an input, not a cuBLAS step): its source, grid, block, dynamic
+/// shared memory and cluster; the runtime header parts it uses join `parts`.
+fn emit_op(
+    name: &str,
+    kind: &KernelOpKind,
+    ins: &[&DevBuffer],
+    outs: &[&DevBuffer],
+    opts: &Options,
+    parts: &mut Parts,
+) -> Result<OpKernel> {
+    if let KernelOpKind::Customized { graph } = kind {
+        // A block input declared with leading 1s reads the buffer as that view.
+        let in_bufs: Vec<DevBuffer> = ins.iter().zip(graph.input_ops()).map(|(b, bop)| lifted(b, graph, bop)).collect();
+        let out_bufs: Vec<DevBuffer> = outs.iter().map(|b| (*b).clone()).collect();
+        let knobs = block_kernel::Knobs {
+            wgs: opts.ws_warpgroups,
+            lazy_merge: opts.lazy_merge,
+            async_push: opts.async_push,
+            wgmma_acc: (opts.wgmma_acc || graph.warpgroup_acc) && opts.arch() == 90,
+            evict_first: opts.evict_first && opts.arch() >= 80,
+            target: opts.target,
+        };
+        let e = block_kernel::emit(name, graph, &in_bufs, &out_bufs, opts.arch(), knobs)?;
+        let grid = [0, 1, 2].map(|a| (graph.grid_dim[a] * e.cluster[a]) as u32);
+        let mut block = graph.block_dim.map(|x| x as u32);
+        block[0] += e.extra_threads as u32;
+        *parts = parts.union(e.parts);
+        return Ok(OpKernel {
+            source: e.source,
+            grid,
+            block,
+            smem: e.smem_bytes,
+            cluster: e.cluster.map(|x| x as u32),
+        });
+    }
+    let out = outs[0];
+    let e = match kind {
+        KernelOpKind::Matmul => dk::matmul(name, ins[0], ins[1], out)?,
+        KernelOpKind::Unary { op: u } => dk::elementwise(name, &Ew::Unary(*u), ins, out)?,
+        KernelOpKind::Binary { op: b } => dk::elementwise(name, &Ew::Binary(*b), ins, out)?,
+        KernelOpKind::Reduction { dim } => dk::reduction(name, *dim, ins[0], out)?,
+        KernelOpKind::RmsNorm { normalized_ndims, eps } => {
+            dk::rms_norm(name, *normalized_ndims, *eps, ins[0], ins.get(1).copied(), out)?
+        }
+        KernelOpKind::Softmax { dim } => dk::softmax(name, *dim, ins[0], out)?,
+        KernelOpKind::Input { .. } | KernelOpKind::Customized { .. } => {
+            return Err(Error::Unsupported("internal error: op handled above".into()))
+        }
+    };
+    *parts = parts.union(e.parts);
+    Ok(OpKernel { source: e.source, grid: e.grid, block: e.block, smem: e.smem_bytes, cluster: [1; 3] })
 }
 
 /// `b` as the block input `bop` of `graph` declares it: its dims with leading 1s added

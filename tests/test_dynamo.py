@@ -439,29 +439,75 @@ def test_independent_consumers_of_torch_code_are_separate_regions(opts, monkeypa
     assert ops == [["matmul"], ["relu", "matmul"]], ops
 
 
-def test_each_region_keeps_the_faster_of_its_graph_and_its_torch_code(opts, monkeypatch):
-    """The choice made on CUDA at a shape's first call, here made on the CPU: the interpreter
-    is slower than torch, so the torch code is kept, timed, and gives the same outputs."""
+@pytest.mark.parametrize("mirage_us,torch_us,path", [(5.0, 9.0, "mirage"), (9.0, 5.0, "torch")])
+def test_each_region_keeps_the_faster_of_its_graph_and_its_torch_code(
+    opts, monkeypatch, mirage_us, torch_us, path
+):
+    """The choice made on CUDA at a shape's first call, here made on the CPU with the two
+    sides' times given: the faster runs from then on, and gives the eager results."""
     from mirage._dynamo import region as _reg
 
+    times = iter([mirage_us, torch_us])
+
+    def timed(fn, cuda):
+        fn()
+        return next(times)
+
+    monkeypatch.setattr(_reg, "PROFILED_DEVICES", {"cpu"})
+    monkeypatch.setattr(_reg, "_time_us", timed)
     m = NormLinear().eval()
     x = small(8, 64, seed=50)
-    o = dict(opts, search=False)
     with torch.no_grad():
         ref = m(x)
-        for choose, path in (("mirage", None), ("profile", "torch")):
-            torch._dynamo.reset()
-            _dynamo.clear_caches()
-            monkeypatch.setattr(_reg, "PROFILED_DEVICES", {"cuda", "cpu"})
-            f = torch.compile(m, backend="mirage", options=dict(o, choose=choose))
-            assert_matches(f(x), ref)
-            assert_matches(f(x), ref)
-            (r,) = mi.dynamo_summary()["regions"]
-            (rec,) = r["searches"]
-            assert rec.get("path") == path, rec
-    assert rec["torch_us"] < rec["mirage_us"], rec
+        f = torch.compile(m, backend="mirage", options=dict(opts, search=False))
+        assert_matches(f(x), ref)
+        assert_matches(f(x), ref)
+    (r,) = mi.dynamo_summary()["regions"]
+    (rec,) = r["searches"]
+    assert rec["path"] == path and (rec["mirage_us"], rec["torch_us"]) == (mirage_us, torch_us)
     st = mi.dynamo_stats()
-    assert st["regions_torch_path"] == 1 and st["regions_mirage_path"] == 0, st
+    assert st[f"regions_{path}_path"] == 1 and st["region_calls"] == 2, st
+    # choose="mirage" times nothing and runs the graph.
+    torch._dynamo.reset()
+    _dynamo.clear_caches()
+    f = torch.compile(m, backend="mirage", options=dict(opts, search=False, choose="mirage"))
+    with torch.no_grad():
+        assert_matches(f(x), ref)
+    (r,) = mi.dynamo_summary()["regions"]
+    assert "path" not in r["searches"][0], r
+
+
+def test_with_inductor_the_torch_side_is_the_region_compiled_for_its_shapes(opts, monkeypatch):
+    """With the Inductor fallback the region's torch code is compiled for the key's shapes (the
+    code the graph competes with); inputs of other strides run it eagerly."""
+    from mirage._dynamo import region as _reg
+
+    monkeypatch.setattr(_reg, "PROFILED_DEVICES", {"cpu"})
+    monkeypatch.setattr(_reg, "_time_us", lambda fn, cuda: (fn(), 9.0)[1])
+    w = small(64, 32, seed=52)
+
+    def f(x):
+        return torch.relu(x) @ w
+
+    x = small(8, 64, seed=53)
+    with torch.no_grad():
+        g = torch.compile(
+            f, backend="mirage", options=dict(opts, search=False, fallback="inductor")
+        )
+        assert_matches(g(x), f(x))
+    (r,) = mi.dynamo_summary()["regions"]
+    (rec,) = r["searches"]
+    assert rec["torch_compiled"], rec
+    (region,) = [rg for k, rg in _reg._REGIONS.items() if k >= _reg._SINCE]
+    (entry,) = region.entries.values()
+    assert entry.torch_fn is not None and entry.torch_strides[0] == (64, 1)
+    # Called directly (dynamo would recompile for new strides): the same shape, column-major,
+    # runs the torch code eagerly; the compiled form would read it as row-major.
+    entry.torch_path = True
+    xt = small(64, 8, seed=54).t()
+    with torch.no_grad():
+        assert_matches(region._run_torch([xt, w], entry)[0], f(xt))
+        assert_matches(region._run_torch([x, w], entry)[0], f(x))
 
 
 def test_a_region_whose_graph_fails_runs_its_torch_code(opts, monkeypatch, caplog):

@@ -86,6 +86,10 @@ class _Entry:
     record: dict[str, Any]
     #: Run the region's own torch code instead of the mirage graph (``choose``).
     torch_path: bool = False
+    #: The torch code compiled by the fallback compiler for this key's exact shapes and the
+    #: inputs' strides it was compiled for (None: the torch code runs eagerly).
+    torch_fn: Any = None
+    torch_strides: tuple[Any, ...] = ()
 
 
 class Region:
@@ -185,8 +189,10 @@ class Region:
             entry.record["path"] = "mirage (not profiled: capturing)"
             return
         t0 = time.perf_counter()
+        if entry.rows is None and self.options.fallback == "inductor":
+            self._compile_torch(entry, inputs)
         ours = lambda: self._run_mirage(entry, inputs, rows)
-        theirs = lambda: self._run_torch(inputs)
+        theirs = lambda: self._run_torch(inputs, entry)
         with torch.no_grad():
             b = theirs()
             try:
@@ -208,6 +214,7 @@ class Region:
             path="torch" if entry.torch_path else "mirage",
             mirage_us=round(us_mirage, 2),
             torch_us=round(us_torch, 2),
+            torch_compiled=entry.torch_fn is not None,
             choose_seconds=round(time.perf_counter() - t0, 3),
         )
         if not agree:
@@ -241,12 +248,34 @@ class Region:
         bump("region_calls")
         entry, rows = self._entry(inputs)
         if entry.torch_path:
-            return self._run_torch(inputs)
+            return self._run_torch(inputs, entry)
         return self._run_mirage(entry, inputs, rows)
 
-    def _run_torch(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        """The region's own torch code on ``inputs`` (contiguous outputs)."""
-        outs = self.gm(*inputs)
+    def _compile_torch(self, entry: _Entry, inputs: Sequence[Any]) -> None:
+        """Compiles the region's torch code with Inductor for this key's shapes (the code the
+        mirage graph competes with); a failure leaves it eager (logged)."""
+        import copy
+
+        from torch._inductor.compile_fx import compile_fx
+
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                entry.torch_fn = compile_fx(copy.deepcopy(self.gm), list(inputs))
+        except Exception as e:  # noqa: BLE001 (the eager torch code is always there)
+            log.info("mirage region %s: Inductor did not compile its torch code (%s)", self.key, e)
+            entry.torch_fn = None
+        entry.torch_strides = _strides(inputs)
+        add_seconds("fallback_compile", time.perf_counter() - t0)
+
+    def _run_torch(self, inputs: Sequence[Any], entry: _Entry | None = None) -> list[torch.Tensor]:
+        """The region's own torch code on ``inputs`` (contiguous outputs): the entry's compiled
+        form where the inputs have the strides it was compiled for, else eagerly."""
+        fn = entry.torch_fn if entry is not None else None
+        if fn is not None and _strides(inputs) == entry.torch_strides:
+            outs = fn(*inputs)
+        else:
+            outs = self.gm(*inputs)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         return [o.to(dt).contiguous() for o, dt in zip(outs, self.out_dtypes)]
 
@@ -286,6 +315,11 @@ class Region:
         outs = _FakeRun(self.gm).run(*inputs)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         return [o.new_empty(o.shape, dtype=dt) for o, dt in zip(outs, self.out_dtypes)]
+
+
+def _strides(inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """The inputs' strides (None for a non-tensor)."""
+    return tuple(tuple(x.stride()) if isinstance(x, torch.Tensor) else None for x in inputs)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -71,6 +71,100 @@ __device__ __forceinline__ unsigned mul_x2(unsigned a, unsigned b) {
   return d;
 }
 
+// ------------------------------------------------------ attention variants
+// What an attention loop computes beyond softmax(Q K) V is its variant: a struct passed as
+// one template parameter (`FlashWG`'s VARIANT) with static properties and hooks that the loop
+// calls at fixed points, all inlined; the plain variant's hooks do nothing, so its loop is
+// the plain one. Properties:
+//   q_factors  Q's rows are normalised inside the softmax: each row's exponent is scaled by
+//              its factor (`FlashRows::qs`, `softmax<..., QS>`; `unscale` before the merges)
+//   v_factors  V's rows are normalised: P's key columns are scaled by V's row factors
+//              before P V (the row sums stay those of unscaled P); every consumer thread reads
+//              V, so every one releases the stage
+// Hooks (A: the attention object, `FlashWG`; called in `run_ws`):
+//   query(a)                       after the first S is issued: Q's row factors (`q_scales`)
+//   value_factors(a, V, slot)      a stage's V row factors into a slot of 16-bit factors
+//                                  (beside the softmax, or a step ahead with 64-key steps)
+//   load_value_factors(slot, l, w) after the warpgroup's turn: lane l's factors of the stage
+//   scale_p(p, w)                  before P V: P's fragments times the factors
+struct PlainAttention {
+  static constexpr bool q_factors = false, v_factors = false;
+  template <class A>
+  __device__ __forceinline__ static void query(A&) {}
+  template <class A, class T>
+  __device__ __forceinline__ static void value_factors(A&, const T*, T*) {}
+  template <class T, int NW>
+  __device__ __forceinline__ static void load_value_factors(const T*, int, unsigned (&)[NW]) {}
+  template <class T, int NP, int NW>
+  __device__ __forceinline__ static void scale_p(unsigned (&)[NP][4], const unsigned (&)[NW]) {}
+};
+
+// Q's rows normalised (QK-norm) by the softmax: Q stays as copied, each row's factor (1 / rms
+// of the raw row) scales its exponent.
+struct QRowScales : PlainAttention {
+  static constexpr bool q_factors = true;
+  template <class A>
+  __device__ __forceinline__ static void query(A& a) { a.q_scales(); }
+};
+
+// V's rows normalised (QK-norm): P V over normalised rows is P with each key's column scaled
+// by its row's 1 / rms times V, so V is read, not rewritten.
+struct VRowFactors : PlainAttention {
+  static constexpr bool v_factors = true;
+  template <class A, class T>
+  __device__ __forceinline__ static void value_factors(A& a, const T* V, T* slot) { a.v_factor(V, slot); }
+  // NW factors (packed pairs of 16-bit values) of quad position lane % 4, in 16-byte loads.
+  template <class T, int NW>
+  __device__ __forceinline__ static void load_value_factors(const T* slot, int lane, unsigned (&w)[NW]) {
+    const uint4* const f = reinterpret_cast<const uint4*>(slot) + (lane & 3) * (NW / 4);
+#pragma unroll
+    for (int i = 0; i < NW / 4; ++i) {
+      const uint4 x = f[i];
+      w[4 * i] = x.x;
+      w[4 * i + 1] = x.y;
+      w[4 * i + 2] = x.z;
+      w[4 * i + 3] = x.w;
+    }
+  }
+  // Word e of P's pair jj holds fragment 2 jj + e / 2 (rows g and g + 8 alike).
+  template <class T, int NP, int NW>
+  __device__ __forceinline__ static void scale_p(unsigned (&p)[NP][4], const unsigned (&w)[NW]) {
+#pragma unroll
+    for (int jj = 0; jj < NP; ++jj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[jj][e] = mul_x2<T>(p[jj][e], w[2 * jj + e / 2]);
+  }
+};
+
+// Two variants' effects together: properties of either, each hook the first's then the
+// second's (orthogonal variants touch different state).
+template <class V1, class V2>
+struct BothAttention {
+  static constexpr bool q_factors = V1::q_factors || V2::q_factors, v_factors = V1::v_factors || V2::v_factors;
+  template <class A>
+  __device__ __forceinline__ static void query(A& a) {
+    V1::query(a);
+    V2::query(a);
+  }
+  template <class A, class T>
+  __device__ __forceinline__ static void value_factors(A& a, const T* V, T* slot) {
+    V1::value_factors(a, V, slot);
+    V2::value_factors(a, V, slot);
+  }
+  template <class T, int NW>
+  __device__ __forceinline__ static void load_value_factors(const T* slot, int lane, unsigned (&w)[NW]) {
+    V1::template load_value_factors<T>(slot, lane, w);
+    V2::template load_value_factors<T>(slot, lane, w);
+  }
+  template <class T, int NP, int NW>
+  __device__ __forceinline__ static void scale_p(unsigned (&p)[NP][4], const unsigned (&w)[NW]) {
+    V1::template scale_p<T>(p, w);
+    V2::template scale_p<T>(p, w);
+  }
+};
+
+// QK-norm with both norms inside the loop: Q's in the softmax, V's as P's factors.
+using QkNormAttention = BothAttention<QRowScales, VRowFactors>;
 
 // The rows of a [ROWS][LEN] 16-bit tile normalised in place (x / sqrt(mean(x^2)) per row):
 // element (r, c) at tile_at<LD, SW>(r, c). Each warp takes 16 rows at a time as ldmatrix

@@ -50,8 +50,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // With ILV (only `run_ws`), the KS slices are whole stages instead of keys within each: the
 // warpgroup of slice k takes stages k, k + KS, ... (all N keys of each), so each works as the
 // one of a KS = 1 block would; `finish` merges them as key slices.
+//
+// VARIANT (attention.cuh's attention variants) is what the loop computes beyond softmax(Q K) V;
+// its hooks run in `run_ws` (the other forms take the plain one).
 template <int NT, int BATCH, int M, int D, int N, int LDQ, int RG, int KS, typename T, typename TQ, bool QSS = false,
-          bool XMAX = true, bool ILV = false>
+          bool XMAX = true, bool ILV = false, class VARIANT = PlainAttention>
 struct FlashWG {
 #if defined(__CUDA_ARCH__)
   static_assert(MI_WGMMA, "FlashWG needs sm_90a (wgmma)");
@@ -87,7 +90,7 @@ struct FlashWG {
     st.reset();
   }
 
-  // `run_ws`'s QN: the exponent scales of this thread's rows (`FlashRows::qs`) from the raw
+  // The `q_factors` variants' query hook: the exponent scales of this thread's rows (`FlashRows::qs`) from the raw
   // Q rows (`swz<64, 8>`, rows of 64, at `qp`): lane quad position qd sums the squares of
   // chunks 2 qd and 2 qd + 1 of rows g and g + 8 in fp32, the quad's partials meet by
   // shuffles, and the factor is 1 / rms as the norm's (`rms_rows_regs`). S = Q K of the raw
@@ -219,6 +222,7 @@ struct FlashWG {
   template <bool AHEAD, class F = NoOp>
   __device__ __forceinline__ void step(const TQ* Q, const T* K, const T* V, const T* Kn, bool first, bool last,
                                        F between = F()) {
+    static_assert(!VARIANT::q_factors && !VARIANT::v_factors, "step: the plain variant (QK-norm's factors are run_ws's)");
     if constexpr (AHEAD && SKEW) {
       // No P V is in flight during a softmax here: nothing to wait for before a rescale.
       const bool lag = ((lin_tid() >> 7) % NWG) & 1;
@@ -375,7 +379,7 @@ struct FlashWG {
   // of K and V (`kel`, `vel` elements apart) is full once `full[u % STAGES]` completes its
   // phase (u / STAGES) % 2 (the producer's arrivals are its copies landing; each consumer
   // then fences its view for the tensor cores), and is released on `empty` (one arrival a
-  // warp, a thread with VN) once this
+  // warp, a thread with the `v_factors` variants) once this
   // warpgroup's P V over it has retired. One step a stage: the softmax covers all the
   // stage's keys at once (NB * NFC fragments, twice the independent exponentials of a
   // 64-key block), then the next stage's S and this stage's P V are issued together, and
@@ -385,15 +389,16 @@ struct FlashWG {
   // (bench table) against the same form with a block barrier and cp.async by all threads an
   // iteration. With ILV (KS warpgroups over 64 rows each), this warpgroup's stages are
   // slice, slice + KS, ... (its `mine` of them; the others' pass by), each released by its
-  // four warps (one arrival a warp; with VN one a thread).
+  // four warps (one arrival a warp; with `v_factors` one a thread).
   //
-  // With VN, V's rows are normalised (QK-norm): P V over normalised rows is P with each key's
+  // With a `v_factors` variant (VRowFactors), V's rows are normalised (QK-norm): P V over normalised rows is P with each key's
   // column scaled by its row's 1 / rms times V, so the stage's V is read, not rewritten. Each
   // step, beside its softmax (128-key steps) or a step ahead beside the previous step's wgmma
   // (64-key steps, `FAHEAD`), every thread of the warpgroup computes the factor of one of the
-  // stage's keys (`v_factor`) into `rs` (the warpgroup's two slots of NK 16-bit factors, in
+  // stage's keys (`v_factor`, the `value_factors` hook) into `rs` (the warpgroup's two slots of NK 16-bit factors, in
   // alternation); after the warpgroup's turn (a barrier of its four warps, see below) P's
-  // fragments are scaled by them before its P V: the row sums stay those of unscaled P.
+  // fragments are scaled by them before its P V (`load_value_factors`, `scale_p`): the row
+  // sums stay those of unscaled P.
   // A step ahead against beside the softmax, on the H200 (bench timing, the saved winner,
   // three rounds): QK-norm b=8, three warpgroups of 64-key steps, 18.47-18.54 -> 18.17-18.30
   // us; two of 128-key steps 18.82-19.05 -> 19.12-19.16 (so those keep the factors beside the
@@ -415,8 +420,9 @@ struct FlashWG {
   // once its own copies landed): a step's S starts before V has landed, and the step waits
   // for V only before its P V.
   //
-  // With QN, Q's rows are normalised (QK-norm) by the softmax: Q sits in shared memory as
-  // copied, and each row's factor scales its exponent (`q_scales`, `FlashRows::qs`), so the
+  // With a `q_factors` variant (QRowScales), Q's rows are normalised (QK-norm) by the softmax:
+  // Q sits in shared memory as copied, and each row's factor scales its exponent (the `query`
+  // hook, `q_scales`; `FlashRows::qs`), so the
   // loop starts without a pass over Q between its copy and the first S.
   //
   // With ILV and KS = 3 (three warpgroups of 64-key steps) S, P and O fit 160 registers a
@@ -430,15 +436,16 @@ struct FlashWG {
   // 23.6-24.0, MQA b=16 40.6-40.9 -> 40.1-40.4, GQA b=8 15.4-15.7 -> 15.1-15.4, QK-norm b=8
   // (three warpgroups) 19.2-19.5 -> 19.0-19.1.
   static constexpr int PP_BAR = static_cast<int>(NamedBarrier::Turns);
-  template <int STAGES, bool VN = false, bool SPLITV = false, bool QN = false>
+  template <int STAGES, bool SPLITV = false>
   __device__ __forceinline__ void run_ws(const TQ* Q, const T* Kst, const T* Vst, int kel, int vel,
                                          unsigned long long* full, unsigned long long* empty, int iters,
                                          T* rs = nullptr, unsigned long long* vfull = nullptr) {
     static_assert(QSS && (KS == 1 || ILV) && RG == 1 && BATCH == 1, "run_ws: one row group, slices by stage");
     static_assert(PP_BAR + NWG <= 16, "run_ws: a turn barrier a warpgroup, within the 16 named barriers");
-    static_assert(!VN || NK == 128 || NK == 64, "run_ws: V factors of 64- or 128-key steps");
-    static_assert(!(VN && SPLITV), "run_ws: V marked full apart only without V factors");
-    static_assert(!VN || NWG > 1, "run_ws: V factors behind the warpgroups' turns (ping-pong)");
+    constexpr bool VF = VARIANT::v_factors;  // V row factors (the variant's)
+    static_assert(!VF || NK == 128 || NK == 64, "run_ws: V factors of 64- or 128-key steps");
+    static_assert(!(VF && SPLITV), "run_ws: V marked full apart only without V factors");
+    static_assert(!VF || NWG > 1, "run_ws: V factors behind the warpgroups' turns (ping-pong)");
     constexpr int NF = NB * NFC;
     typedef float SH[RG][NFC][4];
     typedef unsigned PH[RG][NFC / 2][4];
@@ -467,13 +474,13 @@ struct FlashWG {
 #pragma unroll
     for (int j = 0; j < NB; ++j)
       qk(Kst + (at(0) % STAGES) * kel, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
-    // With QN, Q is the raw rows: their factors beside the first S.
-    if constexpr (QN) q_scales();
-    T* const rw = VN ? rs + wg * 2 * NK : nullptr;
+    // The query hook: with `q_factors`, Q is the raw rows, their factors beside the first S.
+    VARIANT::query(*this);
+    T* const rw = VF ? rs + wg * 2 * NK : nullptr;
     // With 64-key steps (FAHEAD), each stage's factors are computed a step ahead, beside the
     // previous step's wgmma; the first stage's here, beside its S.
-    constexpr bool FAHEAD = VN && NK == 64;
-    if constexpr (FAHEAD) v_factor(Vst + (at(0) % STAGES) * vel, rw);
+    constexpr bool FAHEAD = VF && NK == 64;
+    if constexpr (FAHEAD) VARIANT::value_factors(*this, Vst + (at(0) % STAGES) * vel, rw);
     wg_wait<0>();
     wg_pin(sc[0]);
     // Step k: `more` (a next stage) and `first` are constants where it is inlined, so that
@@ -484,20 +491,20 @@ struct FlashWG {
       // P V of the previous stage ran beside this softmax; it has retired by now (issued a
       // softmax ago), so the wait is short and the whole warpgroup's; then the O rescale the
       // softmax may have deferred.
-      // With VN and 128-key steps, this stage's factors beside the softmax (independent of
+      // With v_factors and 128-key steps, this stage's factors beside the softmax (independent of
       // it: the compiler interleaves them), into slot k % 2.
-      if constexpr (VN && !FAHEAD) v_factor(Vst + cur * vel, rw + (k & 1) * NK);
-      st.template softmax<NF, T, true, QN>(sc, p);
+      if constexpr (!FAHEAD) VARIANT::value_factors(*this, Vst + cur * vel, rw + (k & 1) * NK);
+      st.template softmax<NF, T, true, VARIANT::q_factors>(sc, p);
       wg_wait<0>();
       wg_pin(st.o[0]);
       st.rescale_deferred();
-      // The previous stage's P V has retired: its stage is free. With VN every thread arrives
+      // The previous stage's P V has retired: its stage is free. With v_factors every thread arrives
       // (the factors read V with ordinary loads, and each thread's arrival releases its own
       // reads to the producer's next copy into the stage); else one thread a warp, the
       // tensor cores' reads of the warp retired at its wait above.
       if (!first) {
         __syncwarp();
-        if (VN || lane == 0) mbar_arrive(empty + at(k - 1) % STAGES);
+        if (VF || lane == 0) mbar_arrive(empty + at(k - 1) % STAGES);
       }
       const int turn = ILV ? u : k * NWG + wg;
       if (more) {
@@ -506,32 +513,16 @@ struct FlashWG {
       }
       // This warpgroup's turn: the previous turn's wgmma are issued.
       if (PP) bar_sync_id<256>(PP_BAR + wg);
-      unsigned w[VN ? NF : 1];
-      if constexpr (VN) {
-        // Every factor of this stage is in: the warpgroup's four warps have all waited at its
-        // turn since writing theirs (the turn is their barrier, as the next turn orders these
-        // reads before the next-but-one step's writes into this slot).
-        const uint4* const f = reinterpret_cast<const uint4*>(rw + (k & 1) * NK) + (lane & 3) * (NF / 4);
-#pragma unroll
-        for (int i = 0; i < NF / 4; ++i) {
-          const uint4 x = f[i];
-          w[4 * i] = x.x;
-          w[4 * i + 1] = x.y;
-          w[4 * i + 2] = x.z;
-          w[4 * i + 3] = x.w;
-        }
-      }
+      // With `v_factors`, every factor of this stage is in: the warpgroup's four warps have
+      // all waited at its turn since writing theirs (the turn is their barrier, as the next
+      // turn orders these reads before the next-but-one step's writes into this slot).
+      unsigned w[VF ? NF : 1];
+      VARIANT::template load_value_factors<T>(rw + (k & 1) * NK, lane, w);
       if (more) {
 #pragma unroll
         for (int j = 0; j < NB; ++j) qk(Kst + nxt * kel, j, reinterpret_cast<SH&>(sc[0][j * NFC]));
       }
-      if constexpr (VN) {
-        // Word e of P's pair jj holds fragment 2 jj + e / 2 (rows g and g + 8 alike).
-#pragma unroll
-        for (int jj = 0; jj < NF / 2; ++jj)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) p[0][jj][e] = mul_x2<T>(p[0][jj][e], w[2 * jj + e / 2]);
-      }
+      VARIANT::template scale_p<T>(p[0], w);
       if constexpr (SPLITV) {
         // This stage's V, marked full apart from its K (which `full` covered).
         mbar_wait(vfull + cur, (u / STAGES) & 1);
@@ -544,7 +535,7 @@ struct FlashWG {
       // step's wgmma run, into slot (k + 1) % 2, whose last reader (step k - 1, after its turn)
       // all four warps passed this step's turn since.
       if constexpr (FAHEAD) {
-        if (more) v_factor(Vst + nxt * vel, rw + ((k + 1) & 1) * NK);
+        if (more) VARIANT::value_factors(*this, Vst + nxt * vel, rw + ((k + 1) & 1) * NK);
       }
       if (more) {
         wg_wait<NB>();

@@ -199,6 +199,8 @@ mod tests {
             };
             if let Some(r) = l.strip_prefix("typedef ") {
                 out.extend(r.trim_end_matches(';').split_whitespace().last().map(str::to_string));
+            } else if let Some((name, _)) = l.strip_prefix("using ").and_then(|r| r.split_once(" = ")) {
+                out.push(name.to_string());
             } else if let Some(r) = l.strip_prefix("struct ").or_else(|| l.strip_prefix("#define ")) {
                 out.push(r.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect());
             } else if l.starts_with("__device__") {

@@ -498,11 +498,28 @@ fn run_ws_targs(src: &str) -> Vec<String> {
     call.split(", ").map(str::to_string).collect()
 }
 
+/// The template arguments of the source's `mi::FlashWG` declaration.
+fn flash_wg_targs(src: &str) -> Vec<String> {
+    let decl = src.split("mi::FlashWG<").nth(1).and_then(|c| c.split("> fa;").next()).unwrap_or("");
+    decl.split(", ").map(str::to_string).collect()
+}
+
+/// Whether the interleaved warp-specialised loop of `src` (`ILV`, FlashWG's 13th template
+/// argument) runs the QK-norm variant that scales P by V's row factors (its 14th: `VARIANT`,
+/// with Q's norm in the softmax too or not), and whether V is marked full apart (`run_ws`'s
+/// SPLITV, its second).
+fn interleaved_variant(src: &str) -> (bool, bool, bool) {
+    let (decl, call) = (flash_wg_targs(src), run_ws_targs(src));
+    let ilv = decl.get(12).is_some_and(|t| t == "true");
+    let v = decl.get(13).is_some_and(|t| t == "mi::VRowFactors" || t == "mi::QkNormAttention");
+    (ilv, v, call.get(1).is_some_and(|t| t == "true"))
+}
+
 #[test]
 fn interleaved_warp_specialised_attention_compiles() {
     // Two warpgroups over the same 64 rows taking 128-key stages in turn (`FlashWG`'s ILV),
     // with and without a cluster split, with and without Q and V normalised (P scaled by V's
-    // row factors: `run_ws`'s VN).
+    // row factors: the `mi::VRowFactors` hooks).
     if !setup() {
         return;
     }
@@ -510,13 +527,11 @@ fn interleaved_warp_specialised_attention_compiles() {
         let p = generate(&g, &Options { ws_warpgroups: WsWarpgroups::Two, ..Options::for_arch(90) }).unwrap();
         let what = p.launch_summary();
         assert!(p.source.contains("mi::FlashWG<NT, 1, 64, 64, 128,"), "{what}");
-        assert!(p.source.contains(", true> fa;") && p.source.contains("fa.run_ws<"), "{what}");
+        assert!(p.source.contains("fa.run_ws<"), "{what}");
         assert!(!p.source.contains("  constexpr int NC = "), "{what}");
-        // With V normalised, `run_ws` scales P by V's row factors (its VN argument); without,
-        // each stage's V is marked full apart from its K (SPLITV).
-        let targs = run_ws_targs(&p.source);
-        assert_eq!(targs.get(1).is_some_and(|t| t == "true"), qknorm, "{what}");
-        assert_eq!(targs.get(2).is_some_and(|t| t == "true"), !qknorm, "{what}");
+        // With V normalised, `run_ws` scales P by V's row factors (the variant's hooks);
+        // without, each stage's V is marked full apart from its K (SPLITV).
+        assert_eq!(interleaved_variant(&p.source), (true, qknorm, !qknorm), "{what}");
         assert_eq!(p.source.contains("mi::cp_async_mbar_arrive(mi_vfull + st);"), !qknorm, "{what}");
         // A cluster pair finishes half the rows in each block (`finish`'s HALVES): no block
         // leaves after the merge, and each writes its half.
@@ -551,8 +566,7 @@ fn three_warpgroup_interleaved_attention_compiles() {
         // 1024 keys: 16 iterations of 64 a block, 8 in a cluster of two; up to ten stages.
         let iters = 16 / cluster;
         assert_eq!(targs.first(), Some(&iters.min(10).to_string()), "{what}");
-        assert_eq!(targs.get(1).is_some_and(|t| t == "true"), qknorm, "{what}");
-        assert_eq!(targs.get(2).is_some_and(|t| t == "true"), !qknorm, "{what}");
+        assert_eq!(interleaved_variant(&p.source), (true, qknorm, !qknorm), "{what}");
         assert!(p.source.contains(&format!("for (int it = 0; it < {iters}; ++it) {{")), "{what}");
         assert!(p.source.contains(&format!("mi_full, mi_empty, {iters}")), "{what}");
         assert!(

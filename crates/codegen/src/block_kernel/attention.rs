@@ -33,7 +33,7 @@ impl Ctx<'_> {
         wl!(s, "      mi::mbar_init(mi_full + i, {WS_PRODUCER_THREADS});");
         // Consumer warps releasing a stage: its warpgroup's four (interleaved), else every
         // consumer warp; every thread of them where V's row factors read the stage with
-        // ordinary loads (`run_ws`'s VN: each thread's arrival releases its own reads).
+        // ordinary loads (the `mi::VRowFactors` variant: each thread's arrival releases its own reads).
         let warps = if self.ws_interleaved() { 4 } else { self.nt / 32 };
         let readers = if self.flash.as_ref().is_some_and(|(f, _)| f.v_norm) { warps * 32 } else { warps };
         wl!(s, "      mi::mbar_init(mi_empty + i, {readers});");
@@ -103,7 +103,7 @@ impl Ctx<'_> {
         // otherwise each iteration its own stage before the step. The loop's first
         // barrier, after a proxy fence, publishes the writes to the wgmma reads.
         let mut between = String::new();
-        // (The warp-specialised form scales P by V's row factors instead: `run_ws`'s VN.)
+        // (The warp-specialised form scales P by V's row factors instead: `mi::VRowFactors`.)
         if f.v_norm && self.ws.is_none() {
             let Some(l) = self.layout[f.v] else { return unsupported("internal error: V has no layout") };
             let ty = self.storage[f.v].map_or("float", |st| st.cty());
@@ -137,13 +137,14 @@ impl Ctx<'_> {
                 self.stage_elems(f.v),
                 bg.forloop_range
             );
-            let (mut vn, mut split) = ("false", "false");
+            // What is computed (Q's and V's factors) is `fa`'s variant (`flash_decl`); the
+            // template arguments here are the pipeline's.
+            let mut split = "false";
             let (mut rs, mut vfull) = ("nullptr".to_string(), "nullptr");
             if f.v_norm {
                 // V's row factors, after the mbarriers (`ws_barriers_bytes`).
                 let ty = self.storage[f.v].map_or("float", |st| st.cty());
                 let at = ws_barriers_bytes(self.stages, self.ws_split_v());
-                vn = "true";
                 rs = format!("reinterpret_cast<{ty}*>(reinterpret_cast<unsigned char*>(mi_full) + {at})");
             } else if self.ws_split_v() {
                 (split, vfull) = ("true", "mi_vfull");
@@ -154,11 +155,7 @@ impl Ctx<'_> {
                 let keep = (0..given.len()).rev().find(|&i| given[i] != defaults[i]).map_or(0, |i| i + 1);
                 given[..keep].iter().map(|g| format!(", {g}")).collect::<String>()
             };
-            let qn = if self.q_norm_in_softmax().is_some() { "true" } else { "false" };
-            tmpl.push_str(&trail(
-                vec![vn.to_string(), split.to_string(), qn.to_string()],
-                &["false", "false", "false"],
-            ));
+            tmpl.push_str(&trail(vec![split.to_string()], &["false"]));
             args.push_str(&trail(vec![rs, vfull.to_string()], &["nullptr", "nullptr"]));
             wl!(s, "fa.run_ws<{tmpl}>({args});");
         } else if f.wg.is_some() {

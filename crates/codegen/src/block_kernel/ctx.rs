@@ -8,7 +8,7 @@ use mirage_ugraph::{BlockGraph, BlockOpKind, STensorId};
 
 use super::layout::vec_rows;
 use super::load::{rows_of, tile_base};
-use super::plan::{KernelPlan, RowSums, WS3_THREADS};
+use super::plan::{KernelPlan, RowSums, VariantHooks, WS3_THREADS};
 use super::Step;
 use crate::emit::{dev_offset, numel, wl};
 use crate::program::{DevBuffer, Storage};
@@ -60,6 +60,11 @@ impl Ctx<'_> {
         self.attention.is_some_and(|a| a.halves)
     }
 
+    /// The variant struct the attention loop is instantiated with (`plan::VariantHooks`).
+    pub(super) fn variant_hooks(&self) -> VariantHooks {
+        self.attention.map_or(VariantHooks::Plain, |a| a.hooks)
+    }
+
     /// Whether the region's two key slices (two warpgroups over the same 64 rows) take whole
     /// stages in turn in the warp-specialised form (`FlashWG`'s ILV).
     pub(super) fn ws_interleaved(&self) -> bool {
@@ -71,8 +76,8 @@ impl Ctx<'_> {
         self.attention.is_some_and(|a| a.split_v)
     }
 
-    /// The rms norm whose output Q the warp-specialised softmax normalises (`run_ws`'s QN;
-    /// `Planner::q_norm_op`).
+    /// The rms norm whose output Q the warp-specialised softmax normalises (the
+    /// `mi::QRowScales` hook; `Planner::q_norm_op`).
     pub(super) fn q_norm_in_softmax(&self) -> Option<usize> {
         self.q_norm_op
     }

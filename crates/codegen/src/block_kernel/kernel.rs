@@ -5,7 +5,7 @@
 use mirage_ugraph::STensorId;
 
 use super::ctx::Ctx;
-use super::plan::{combine_bytes, WS_PRODUCER_THREADS};
+use super::plan::{combine_bytes, VariantHooks, WS_PRODUCER_THREADS};
 use super::{Section, Step, WG_ALIGN};
 use crate::emit::{kernel_open_with, kernel_params, wl};
 use crate::error::Result;
@@ -450,7 +450,15 @@ impl Ctx<'_> {
             let ty = self.storage[f.k].map_or("float", Storage::cty);
             let tq = self.storage[f.q].map_or("float", Storage::cty);
             if let Some((rg, ks)) = f.wg {
-                let ilv = if self.ws.is_some() && self.ws_interleaved() { ", true" } else { "" };
+                // The trailing template arguments (interleaved stages, the variant struct) up
+                // to the last one that is not its default.
+                let ilv = self.ws.is_some() && self.ws_interleaved();
+                let hooks = self.variant_hooks();
+                let ilv = match (ilv, hooks) {
+                    (false, VariantHooks::Plain) => String::new(),
+                    (true, VariantHooks::Plain) => ", true".to_string(),
+                    (ilv, h) => format!(", {ilv}, {}", h.cpp()),
+                };
                 let (threads, ks) = if self.ws3() { ("NC", 3) } else { ("NT", ks) };
                 self.uses(Part::WarpSpecialized);
                 wl!(

@@ -65,12 +65,49 @@ pub(crate) enum VNorm {
     None,
     /// Each stage's rows are normalised in place (`mi::rms_norm_rows_frag`).
     InPlace,
-    /// The consumers scale P by V's row factors (`run_ws`'s VN).
+    /// The consumers scale P by V's row factors (the `mi::VRowFactors` hooks).
     RowFactors,
 }
 
-/// The attention region's variant: the form and the options of its loop (the template flags
-/// of `mi::Flash` / `mi::FlashWG` and `run_ws`).
+/// The runtime's attention variant struct (attention.cuh) that `mi::FlashWG` is instantiated
+/// with: what the loop computes beyond softmax(Q K) V, through hooks `run_ws` calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VariantHooks {
+    /// `mi::PlainAttention`: every hook does nothing.
+    Plain,
+    /// `mi::QRowScales`: the softmax applies Q's rms norm (its rows' factors in the exponents).
+    QRowScales,
+    /// `mi::VRowFactors`: P is scaled by V's row factors before P V.
+    VRowFactors,
+    /// `mi::QkNormAttention`: both.
+    QkNorm,
+}
+
+impl VariantHooks {
+    /// The variant of a loop whose softmax applies Q's norm (`q`) and whose P takes V's row
+    /// factors (`v`).
+    pub(crate) fn of(q: bool, v: bool) -> Self {
+        match (q, v) {
+            (false, false) => Self::Plain,
+            (true, false) => Self::QRowScales,
+            (false, true) => Self::VRowFactors,
+            (true, true) => Self::QkNorm,
+        }
+    }
+
+    /// The C++ type.
+    pub(crate) fn cpp(self) -> &'static str {
+        match self {
+            Self::Plain => "mi::PlainAttention",
+            Self::QRowScales => "mi::QRowScales",
+            Self::VRowFactors => "mi::VRowFactors",
+            Self::QkNorm => "mi::QkNormAttention",
+        }
+    }
+}
+
+/// The attention region's variant: the form and the options of its loop (the template
+/// arguments of `mi::Flash` / `mi::FlashWG` and `run_ws`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AttentionVariant {
     /// The loop.
@@ -88,8 +125,9 @@ pub(crate) struct AttentionVariant {
     pub lookahead: bool,
     /// How a normalised V is applied.
     pub v_norm: VNorm,
-    /// The softmax applies Q's rms norm (`run_ws`'s QN; [`Planner::q_norm_op`]).
-    pub q_norm_in_softmax: bool,
+    /// The variant struct whose hooks the loop calls: Q's rms norm in the softmax
+    /// ([`Planner::q_norm_op`]) and V's row factors ([`VNorm::RowFactors`]).
+    pub hooks: VariantHooks,
     /// V is marked full on an mbarrier of its own ([`ws_split_v`], `run_ws`'s SPLITV).
     pub split_v: bool,
     /// Each block of a cluster pair finishes half the rows ([`Planner::finish_halves`]).
@@ -168,7 +206,7 @@ pub(crate) struct KernelPlan {
     pub row_sums: Vec<Option<RowSums>>,
     /// Warp-specialised loop (`FlashWG::run_ws`): the byte offset of its stage mbarriers.
     pub ws: Option<usize>,
-    /// The rms norm op whose output Q the warp-specialised softmax normalises (QN).
+    /// The rms norm op whose output Q the warp-specialised softmax normalises (the `mi::QRowScales` hook).
     pub q_norm_op: Option<usize>,
     /// The placed shared-memory buffers.
     pub buffers: Vec<Buffer>,
@@ -295,7 +333,7 @@ pub(super) const WS_PRODUCER_THREADS: usize = 128;
 /// staged K and V, and whose other steps are loads, norms, element-wise groups and saves
 /// (they run on the consumers alone, with a consumer barrier for the block's). A cluster
 /// split merges after the loop as without. A normalised V only in the interleaved form, where
-/// the consumers scale P by the rows' factors (`run_ws`'s VN): in the 128-row form that
+/// the consumers scale P by the rows' factors (the `mi::VRowFactors` variant): in the 128-row form that
 /// measured slower than the plain loop's in-place norm (QK-norm b=16 on the H100: 35.1
 /// against 32.4-33.6 us).
 pub(super) fn ws_form(
@@ -402,7 +440,7 @@ pub(super) const WS_BARRIER_BYTES: usize = 16;
 /// K's (`FlashWG::run_ws`'s SPLITV): the interleaved form without a normalised V, whose S then
 /// starts before V has landed. GQA on the H100 (saved winners, bench timing, four runs each):
 /// b=8 16.7-17.4 -> 16.3-16.4 us, b=16 26.1-27.2 -> 25.3-25.7. Not the 128-row form (there
-/// MQA b=16 went 41.3-42.5 -> 43.5) nor with VN (its factors read V at the step's start).
+/// MQA b=16 went 41.3-42.5 -> 43.5) nor with V's row factors (its factors read V at the step's start).
 pub(super) fn ws_split_v(f: &FlashRegion) -> bool {
     ws_interleaved(f) && !f.v_norm
 }
@@ -658,7 +696,7 @@ impl Planner<'_> {
     }
 
     /// The rms norm whose output is the warp-specialised attention's Q (`ws`), where the
-    /// softmax applies it (`FlashWG::run_ws`'s QN): Q's 16-bit rows of 64 straight from device
+    /// softmax applies it (the `mi::QRowScales` variant's hook): Q's 16-bit rows of 64 straight from device
     /// memory into the region's swizzled Q tile of the same type, copied as they are (the rows'
     /// factors scale the exponents); with V's factors too, only on three warpgroups (`ws3`,
     /// [`ws_three`]). QK-norm on the H200 (saved winners, four rounds, against Q normalised
@@ -741,7 +779,7 @@ fn attention_variant(
         interleaved: ws && ws_interleaved(f),
         lookahead: form == AttentionForm::Wgmma && stages >= 3,
         v_norm,
-        q_norm_in_softmax: q_norm_op.is_some(),
+        hooks: VariantHooks::of(q_norm_op.is_some(), v_norm == VNorm::RowFactors),
         split_v: ws && ws_split_v(f),
         halves,
     }

@@ -363,7 +363,7 @@ impl Ctx<'_> {
         if self.q_norm_in_softmax() == Some(op) {
             if let Some((k, row, _)) = self.device_rows(x) {
                 let n = numel(d);
-                wl!(s, "{{ // Q's rows as copied: the softmax applies their norm (`run_ws`'s QN)");
+                wl!(s, "{{ // Q's rows as copied: the softmax applies their norm (the `mi::QRowScales` variant)");
                 wl!(s, "  const auto row = [&](int r) {{ return {row}; }};");
                 wl!(s, "  if (mi::aligned16(in{k})) {{");
                 wl!(s, "    for (int i = tid * 8; i < {n}; i += {nt} * 8) mi::cp_async16({} + mi::swz<64, 8>(i), row(i / 64) + i % 64);", self.tile(o));

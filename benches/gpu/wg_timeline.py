@@ -48,12 +48,17 @@ _HEAD = 8
 # issued).
 _STEPS = (
     (
-        "      if constexpr (VN && !FAHEAD) v_factor(Vst + cur * vel, rw + (k & 1) * NK);\n",
+        "      if constexpr (!FAHEAD) VARIANT::value_factors(*this, Vst + cur * vel, rw + (k & 1) * NK);\n",
         True,
         "softmax",
         False,
     ),
-    ("      st.template softmax<NF, T, true, QN>(sc, p);\n", False, "wait_pv", False),
+    (
+        "      st.template softmax<NF, T, true, VARIANT::q_factors>(sc, p);\n",
+        False,
+        "wait_pv",
+        False,
+    ),
     ("      st.rescale_deferred();\n", False, "release_full", False),
     ("      if (PP) bar_sync_id<256>(PP_BAR + wg);\n", True, "turn", False),
     ("      if (PP) bar_sync_id<256>(PP_BAR + wg);\n", False, "issue", False),
@@ -63,7 +68,7 @@ _STEPS = (
         "issue_s",
         True,
     ),
-    ("      if constexpr (VN) {\n        // Word e of P's pair", True, "scale_wait_v", True),
+    ("      VARIANT::template scale_p<T>(p[0], w);\n", True, "scale_wait_v", True),
     ("#pragma unroll\n      for (int j = 0; j < NB; ++j) pv(", True, "issue_pv", True),
     (
         "      if (PP && turn + 1 < turns) bar_arrive_id<256>(PP_BAR + (wg + 1) % NWG);\n",

@@ -434,11 +434,13 @@ def test_interleaved_warp_specialised_attention(
     name = "qknorm_attention_one_kernel" if qknorm else "attention_one_kernel"
     g = _one_kernel_attention(dtype, [b, m, 64, n, 1, n // 128, m // 64], 256, name)
     src, info = _core.cuda_generate(g._core, 90)
-    assert "fa.run_ws<" in src and ", true> fa;" in src and '"block":[384,1,1]' in info
+    assert "fa.run_ws<" in src and '"block":[384,1,1]' in info
     assert math.prod(json.loads(info)["kernels"][0]["cluster"]) == cluster
-    # VN (P scaled by V's row factors) with QK-norm; else V marked full apart from K (SPLITV).
+    # Interleaved (ILV, the declaration's last flag); with QK-norm the variant scales P by V's
+    # row factors (mi::VRowFactors), else V is marked full apart from K (run_ws's SPLITV).
+    assert (", true, mi::VRowFactors> fa;" if qknorm else ", true> fa;") in src
     targs = src.split("fa.run_ws<")[1].split(">")[0].split(", ")
-    assert (targs[1:2] == ["true"]) == qknorm and (targs[2:3] == ["true"]) == (not qknorm)
+    assert targs[1:] == ([] if qknorm else ["true"]), targs
     assert ("fa.finish<2, true, true>(" in src) == (cluster == 2)
     _assert_runs_close(g, *_attention_case(dtype, qknorm, b, m, n, n + b))
 
@@ -491,9 +493,8 @@ def test_three_warpgroup_interleaved_attention(
     assert "mi::FlashWG<NC, 1, 64, 64, 64," in src and '"block":[512,1,1]' in info
     assert math.prod(json.loads(info)["kernels"][0]["cluster"]) == cluster
     # With QK-norm, Q goes to shared memory as copied and the softmax scales each row's
-    # exponent by its factor (`run_ws`'s QN).
-    targs = src.split("fa.run_ws<")[1].split(">")[0].split(", ")
-    assert (targs[3:4] == ["true"]) == qknorm and ("mi::rms_norm_rows" in src) is False
+    # exponent by its factor (the variant's query hook, mi::QRowScales in mi::QkNormAttention).
+    assert ("mi::QkNormAttention> fa;" in src) == qknorm and ("mi::rms_norm_rows" in src) is False
     # A cluster pair finishes half the rows in each of its blocks (`finish`'s HALVES).
     assert ("fa.finish<2, true, true>(" in src) == (cluster == 2)
     _assert_runs_close(g, *_attention_case(dtype, qknorm, b, m, n, n + b + 3))
@@ -504,13 +505,13 @@ def test_three_warpgroup_interleaved_attention(
 @pytest.mark.parametrize("ws", ["2", "3"])
 def test_qknorm_attention_extreme_rows(ws: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # V's rows from 1e-4 to 1e3 in scale through the warp-specialised forms' V factors
-    # (`v_factor`, P scaled by each key's 1 / rms): squares past fp16's range at the top,
+    # (`v_factor` in the VRowFactors hooks, P scaled by each key's 1 / rms): squares past fp16's range at the top,
     # subnormal values at the bottom; the factors must stay within fp16 rounding (a tolerance
     # ten times tighter than the other attention tests'). fp16 rows are summed in packed fp16
     # with an exact fp32 redo where a thread's sum leaves [2^-4, 30000): the rows here take
     # both paths, and the fast one's rounding must stay inside that tolerance too. Q's rows
     # span 1e-3 to 1e2: on three warpgroups their factors scale the softmax's exponents
-    # (`run_ws`'s QN), on two Q is normalised before the loop.
+    # (the QRowScales query hook), on two Q is normalised before the loop.
     monkeypatch.setenv("MIRAGE_WS_WARPGROUPS", ws)
     b, m, n = 64, 128, 640
     g = _one_kernel_attention(

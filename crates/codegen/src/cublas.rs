@@ -48,19 +48,8 @@ fn candidates(paths: &[PathBuf]) -> Vec<PathBuf> {
     for p in paths {
         let dir = if p.is_file() { p.parent().map(Path::to_path_buf) } else { Some(p.clone()) };
         let Some(dir) = dir.filter(|d| d.is_dir()) else { continue };
-        let names = |prefix: &str| -> Vec<PathBuf> {
-            let mut f: Vec<PathBuf> = std::fs::read_dir(&dir)
-                .map(|rd| {
-                    rd.filter_map(|e| e.ok().map(|e| e.path()))
-                        .filter(|f| f.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix)))
-                        .collect()
-                })
-                .unwrap_or_default();
-            f.sort_by_key(|f| std::cmp::Reverse(f.to_string_lossy().len()));
-            f
-        };
-        out.extend(names("libcublasLt.so"));
-        out.extend(names("libcublas.so"));
+        out.extend(crate::nvrtc::libraries_in(&dir, "libcublasLt.so", |_| true));
+        out.extend(crate::nvrtc::libraries_in(&dir, "libcublas.so", |_| true));
     }
     out
 }

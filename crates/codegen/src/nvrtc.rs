@@ -110,6 +110,10 @@ pub(crate) fn tool_dirs() -> Vec<PathBuf> {
 /// root (also where cuBLAS is looked for).
 pub(crate) fn library_search_paths() -> Vec<PathBuf> {
     let cfg = config().lock().map(|c| c.clone()).unwrap_or_default();
+    search_paths(&cfg)
+}
+
+fn search_paths(cfg: &Config) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = env_paths("MIRAGE_NVRTC_PATH");
     out.extend(cfg.lib_paths.iter().cloned());
     for root in cuda_roots() {
@@ -119,33 +123,28 @@ pub(crate) fn library_search_paths() -> Vec<PathBuf> {
     out
 }
 
+/// The files of folder `dir` whose names start with `prefix` and pass `keep`, the longest name
+/// first (a versioned soname such as `libnvrtc.so.13` before its dev symlink).
+pub(crate) fn libraries_in(dir: &Path, prefix: &str, keep: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix) && keep(n)))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort_by_key(|f| std::cmp::Reverse(f.to_string_lossy().len()));
+    found
+}
+
 /// Candidate NVRTC library files, in priority order.
 fn library_candidates(cfg: &Config) -> Vec<PathBuf> {
-    let mut dirs_or_files: Vec<PathBuf> = env_paths("MIRAGE_NVRTC_PATH");
-    dirs_or_files.extend(cfg.lib_paths.iter().cloned());
-    for root in cuda_roots() {
-        dirs_or_files.push(root.join("lib64"));
-        dirs_or_files.push(root.join("lib"));
-    }
     let mut out = Vec::new();
-    for p in dirs_or_files {
+    for p in search_paths(cfg) {
         if p.is_file() {
             out.push(p);
         } else if p.is_dir() {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(&p)
-                .map(|rd| {
-                    rd.filter_map(|e| e.ok().map(|e| e.path()))
-                        .filter(|f| {
-                            f.file_name()
-                                .and_then(|n| n.to_str())
-                                .is_some_and(|n| n.starts_with("libnvrtc.so") && !n.contains("builtins"))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            // Prefer the versioned soname (libnvrtc.so.13) over the dev symlink.
-            found.sort_by_key(|f| std::cmp::Reverse(f.to_string_lossy().len()));
-            out.extend(found);
+            out.extend(libraries_in(&p, "libnvrtc.so", |n| !n.contains("builtins")));
         }
     }
     out

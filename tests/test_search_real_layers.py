@@ -15,6 +15,14 @@ import pytest
 import torch
 from conftest import nvrtc_or_skip, rel_err
 from mirage.kernel import KNGraph
+from real_layers import (
+    gated_mlp_down,
+    lora_chain,
+    matmul_scale,
+    projected_attention,
+    rms_weight_linear,
+    unfusable,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -70,21 +78,12 @@ def _same_values(ref: KNGraph, got: KNGraph, tol: float = 1e-4) -> None:
     assert rel_err(have, want.double()) < tol
 
 
-def _rms_weight_linear(m: int, k: int, n: int, dtype) -> KNGraph:
-    g = mi.new_kernel_graph()
-    X = g.new_input(dims=(m, k), dtype=dtype)
-    Wn = g.new_input(dims=(k,), dtype=dtype)
-    W = g.new_input(dims=(k, n), dtype=dtype)
-    g.mark_output(g.matmul(g.rms_norm(X, normalized_shape=(k,), weight=Wn), W))
-    return g
-
-
 @pytest.mark.parametrize(
     ("shape", "dtype"),
     [((8, 256, 256), mi.bfloat16), ((7, 400, 300), mi.float16), ((7, 400, 300), mi.float32)],
 )
 def test_rms_norm_with_weight_then_linear_is_one_kernel(shape, dtype):
-    g = _rms_weight_linear(*shape, dtype)
+    g = rms_weight_linear(*shape, dtype)
     best = g.superoptimize(backend="cpu")
     assert best.search_stats["winner"]["verification"] == "passed"
     assert _launches(best) == 1
@@ -104,7 +103,7 @@ def test_rms_norm_with_weight_then_linear_is_one_kernel(shape, dtype):
 
 def test_rms_norm_with_weight_matches_torch_in_half_precision():
     m, k, n = 7, 400, 300
-    g = _rms_weight_linear(m, k, n, mi.float16)
+    g = rms_weight_linear(m, k, n, mi.float16)
     best = g.superoptimize(backend="cpu")
     rng = np.random.default_rng(3)
     x = rng.standard_normal((m, k)).astype(np.float16)
@@ -119,11 +118,7 @@ def test_rms_norm_with_weight_matches_torch_in_half_precision():
 
 
 def test_matmul_times_scale_is_one_kernel():
-    g = mi.new_kernel_graph()
-    X = g.new_input(dims=(7, 400), dtype=mi.float16)
-    W = g.new_input(dims=(400, 300), dtype=mi.float16)
-    S = g.new_input(dims=(1, 300), dtype=mi.float16)
-    g.mark_output(g.mul(g.matmul(X, W), S))
+    g = matmul_scale()
     best = g.superoptimize(backend="cpu")
     assert _launches(best) == 1
     (bg,) = _block_graphs(best)
@@ -132,11 +127,7 @@ def test_matmul_times_scale_is_one_kernel():
 
 
 def test_lora_chain_is_one_kernel():
-    g = mi.new_kernel_graph()
-    X = g.new_input(dims=(7, 400), dtype=mi.float16)
-    A = g.new_input(dims=(400, 16), dtype=mi.float16)
-    B = g.new_input(dims=(16, 300), dtype=mi.float16)
-    g.mark_output(g.matmul(g.matmul(X, A), B))
+    g = lora_chain()
     best = g.superoptimize(backend="cpu")
     assert _launches(best) == 1
     (bg,) = _block_graphs(best)
@@ -145,12 +136,7 @@ def test_lora_chain_is_one_kernel():
 
 
 def test_gated_mlp_with_down_projection():
-    g = mi.new_kernel_graph()
-    X = g.new_input(dims=(8, 256), dtype=mi.float16)
-    Wg = g.new_input(dims=(256, 344), dtype=mi.float16)
-    Wu = g.new_input(dims=(256, 344), dtype=mi.float16)
-    Wd = g.new_input(dims=(344, 256), dtype=mi.float16)
-    g.mark_output(g.matmul(g.mul(g.silu(g.matmul(X, Wg)), g.matmul(X, Wu)), Wd))
+    g = gated_mlp_down()
     best = g.superoptimize(backend="cpu")
     assert _launches(best) <= 2
     first = _kinds(_block_graphs(best)[0])
@@ -159,12 +145,7 @@ def test_gated_mlp_with_down_projection():
 
 
 def test_softmax_of_a_projection_is_numerically_safe():
-    g = mi.new_kernel_graph()
-    X = g.new_input(dims=(8, 256), dtype=mi.float16)
-    Wq = g.new_input(dims=(256, 64), dtype=mi.float16)
-    Kt = g.new_input(dims=(64, 128), dtype=mi.float16)
-    V = g.new_input(dims=(128, 64), dtype=mi.float16)
-    g.mark_output(g.matmul(g.softmax(g.matmul(g.matmul(X, Wq), Kt)), V))
+    g = projected_attention()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "not numerically stable" warning
         best = g.superoptimize(backend="cpu")
@@ -195,12 +176,7 @@ def test_an_unfused_op_gets_its_own_kernel():
 
 def test_an_unfusable_program_is_returned_as_given_with_a_warning():
     # Three kernel ops that no block graph holds (sub, pow): more than the search's kernel ops.
-    g = mi.new_kernel_graph()
-    X = g.new_input(dims=(8, 64), dtype=mi.float32)
-    W = g.new_input(dims=(64, 32), dtype=mi.float32)
-    Y = g.new_input(dims=(8, 32), dtype=mi.float32)
-    E = g.new_input(dims=(8, 32), dtype=mi.float32)
-    g.mark_output(g.pow(g.sub(g.matmul(X, W), Y), E))
+    g = unfusable()
     with pytest.warns(
         RuntimeWarning, match=r"no fused µGraph for the ops \['matmul', 'sub', 'pow'\]"
     ):
@@ -221,12 +197,7 @@ def test_an_unfusable_program_is_returned_as_given_with_a_warning():
 
 
 def test_an_unfusable_program_is_served_from_the_cache_as_given(tmp_path):
-    g = mi.new_kernel_graph()
-    X = g.new_input(dims=(8, 64), dtype=mi.float32)
-    W = g.new_input(dims=(64, 32), dtype=mi.float32)
-    Y = g.new_input(dims=(8, 32), dtype=mi.float32)
-    E = g.new_input(dims=(8, 32), dtype=mi.float32)
-    g.mark_output(g.pow(g.sub(g.matmul(X, W), Y), E))
+    g = unfusable()
     for source in ("search", "cache"):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -10,6 +10,7 @@ power of two: the inputs' rows are padded with zeros and the outputs sliced (doc
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -254,8 +255,6 @@ class Region:
     def _compile_torch(self, entry: _Entry, inputs: Sequence[Any]) -> None:
         """Compiles the region's torch code with Inductor for this key's shapes (the code the
         mirage graph competes with); a failure leaves it eager (logged)."""
-        import copy
-
         from torch._inductor.compile_fx import compile_fx
 
         t0 = time.perf_counter()

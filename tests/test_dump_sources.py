@@ -65,3 +65,42 @@ def test_dump_is_stable_and_diff_finds_a_changed_kernel(tool, tmp_path, capsys):
     tool.dump(ref, [str(graphs)], [90])
     assert tool.diff(ref, c) == [name]
     assert tool.diff(ref, c, kernels=True) == []
+
+
+@pytest.fixture(scope="module")
+def sass_tool() -> ModuleType:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sass_diff", GPU_SCRIPTS.parent / "sass_diff.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_saved_sources_disassemble_as_their_graphs_and_a_changed_kernel_is_found(
+    tool, sass_tool, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("MIRAGE_CUBLAS", "0")
+    graphs = tmp_path / "graphs"
+    graphs.mkdir()
+    _graphs(graphs)
+    src, from_graphs, from_src = (str(tmp_path / n) for n in ("src", "g", "s"))
+    tool.dump(src, [str(graphs)], [90])
+    n, kernels = sass_tool.dump(from_graphs, [str(graphs)], [90], jobs=2)
+    assert n == 2 and kernels >= 2
+    assert sass_tool.dump(from_src, [], [90], jobs=2, sources=[src]) == (2, kernels)
+    assert sorted(os.listdir(from_src)) == sorted(os.listdir(from_graphs))
+    assert sass_tool.diff(from_graphs, from_src)[0] == []
+    # The exp graph's kernel computes 2 * exp(x) instead: its machine code differs.
+    texts = {}
+    for n in os.listdir(src):
+        with open(os.path.join(src, n), encoding="utf-8") as f:
+            texts[os.path.join(src, n)] = f.read()
+    exp_src, text = next((p, t) for p, t in texts.items() if "mi::op_exp(" in t)
+    with open(exp_src, "w", encoding="utf-8") as f:
+        f.write(text.replace("mi::op_exp(", "2.0f * mi::op_exp(", 1))
+    changed = str(tmp_path / "changed")
+    sass_tool.dump(changed, [], [90], jobs=2, sources=[src])
+    bad, total = sass_tool.diff(from_graphs, changed)
+    assert total >= 2 and len(bad) == 1 and bad[0].startswith(os.path.basename(exp_src)[:16])

@@ -217,6 +217,16 @@ def sass(graph: KNGraph, arch: int) -> dict[str, dict[str, Any]]:
     }
 
 
+def source_sass(source: str, arch: int) -> dict[str, dict[str, Any]]:
+    """:func:`sass` of a CUDA source (e.g. one ``save_codes`` wrote) compiled for ``sm_{arch}``."""
+    _configure()
+    cubin = _core.nvrtc_compile(source, int(arch))
+    return {
+        name: {"instructions": ins, "opcodes": dict(ops)}
+        for name, ins, ops in _core.cuda_disassemble(cubin)
+    }
+
+
 def _save_dir(save_codes: Any) -> str | None:
     if isinstance(save_codes, (str, os.PathLike)):
         return os.fspath(save_codes)

@@ -88,13 +88,25 @@ fn cuda_sass(py: Python<'_>, graph: PyRef<'_, KernelGraph>, arch: u32) -> PyResu
             sass::disassemble(&nvrtc::compile(&p.source, arch)?)
         })
         .map_err(to_py)?;
-    Ok(kernels
+    Ok(sass_rows(kernels))
+}
+
+/// Disassembles a CUBIN (from `nvrtc_compile`) with `nvdisasm`, as `cuda_sass` reports a graph's.
+#[pyfunction]
+fn cuda_disassemble(py: Python<'_>, cubin: Vec<u8>) -> PyResult<Vec<SassRow>> {
+    let kernels = py.detach(|| sass::disassemble(&cubin)).map_err(to_py)?;
+    Ok(sass_rows(kernels))
+}
+
+/// `cuda_sass`'s rows of disassembled kernels.
+fn sass_rows(kernels: Vec<sass::KernelSass>) -> Vec<SassRow> {
+    kernels
         .into_iter()
         .map(|k| {
             let counts = k.opcode_counts().into_iter().map(|(o, n)| (o.to_string(), n)).collect();
             (k.name, k.instructions, counts)
         })
-        .collect())
+        .collect()
 }
 
 /// One kernel's SASS as `cuda_sass` returns it.
@@ -218,5 +230,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nvrtc_clear_memory_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_resources, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_sass, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_disassemble, m)?)?;
     Ok(())
 }

@@ -488,6 +488,9 @@ def _run_node(lw: _Lowering, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
         real = lw._real(args[0]) if isinstance(args[0], Ref) else None
         if real is None or real.numel() != 1:
             raise Unsupported(f"{node.name}: item() of a computed value")
+        if real.device.type not in ("cpu", "meta"):
+            # Folding it would read the device at every call (a sync no CUDA graph can hold).
+            raise Unsupported(f"{node.name}: item() of a {real.device.type} tensor")
         v = float(real.item())
         lw.scalars.append(v)
         return v

@@ -144,8 +144,9 @@ class Region:
                 shape: tuple[Any, ...] = tuple(x.shape)
                 if rows is not None and len(parts) in self.acts:
                     shape = ("rows", shape[-1])
-                # A 0-d input may be read by item() when lowering: its value is part of the key.
-                scal = float(x.item()) if x.dim() == 0 else None
+                # A 0-d CPU input may be read by item() when lowering: its value is part of the
+                # key (a 0-d input on a device is never folded, see lower.py's item()).
+                scal = float(x.item()) if x.dim() == 0 and x.device.type == "cpu" else None
                 parts.append((shape, x.dtype, x.device.type, scal))
             else:
                 parts.append(("value", x))

@@ -253,6 +253,9 @@ def print_mirage_summary() -> dict[str, Any]:
                 )
             elif s.get("path"):
                 parts.append(f"runs {s['path']}")
+            for key in ("error", "path_error"):
+                if s.get(key):
+                    parts.append(f"{key.replace('_', ' ')}: {str(s[key])[:200]}")
             print(
                 f"    {r['name']:<18} {r['kind']:<12} {'+'.join(r['ops']):<44} "
                 f"{s.get('source')!s:<17} {s.get('seconds', 0.0):7.2f} s"
@@ -324,10 +327,18 @@ def run_case(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str,
         if name == "mirage":
             summ = print_mirage_summary()
             entry["search_seconds"] = summ["seconds"]["search"]
+            keep = ("source", "path", "error", "path_error", "mirage_us", "torch_us", "seconds")
+            entry["regions"] = [
+                {"name": r["name"], "kind": r["kind"], "ops": r["ops"]}
+                | {k: s[k] for k in keep if s.get(k) is not None}
+                for r in summ["regions"]
+                for s in r["searches"]
+            ]
         if args.device == "cuda" and not args.no_timing:
             entry["step_us"] = round(time_step(dec, args.warmup, args.replays, args.calls), 2)
         row["modes"][name] = entry
-        print(f"  b={batch} {dtype_name} {name:<34} {entry}", flush=True)
+        shown = {k: v for k, v in entry.items() if k != "regions"}
+        print(f"  b={batch} {dtype_name} {name:<34} {shown}", flush=True)
         del dec
     timed = {k: v["step_us"] for k, v in row["modes"].items() if "step_us" in v}
     inductor = [v for k, v in timed.items() if k.startswith("inductor")]

@@ -667,3 +667,49 @@ def test_tiny_llama_decode_on_the_gpu(tmp_path, monkeypatch):
     searched = [s["graph"] for s in records if s["source"] in ("search", "as_given", "failed")]
     assert searched and len(searched) == len(set(searched)), records
     assert summ["counters"]["searches_skipped"] == 0, summ["counters"]
+
+
+class NormSwiGLU(nn.Module):
+    """LLaMA's post-attention RMSNorm (the Hugging Face form) and SwiGLU gate/up projections."""
+
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.norm = LlamaRMSNorm(k, 1e-5)
+        self.mlp = SwiGLU(k, n)
+
+    def forward(self, x):
+        return self.mlp(self.norm(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("search", [True, False], ids=["searched", "as-lowered"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_llama_sized_norm_swiglu_matches_eager_on_every_call(tmp_path, batch, search):
+    """LLaMA-3-8B's RMSNorm + gate/up projections at decode batch sizes, fp16 on CUDA, forced
+    onto the mirage path: searched, or as lowered (the predefined ops, matmuls on cuBLAS).
+    Each of several calls on fresh inputs matches eager, and no search fails."""
+    torch.manual_seed(0)
+    m = NormSwiGLU(4096, 14336).half().cuda().eval()
+    for p in m.mlp.parameters():
+        p.data *= 0.05
+    opts = {
+        "cache_dir": str(tmp_path),
+        "choose": "mirage",
+        "search": search,
+        "time_budget": 60.0,
+        "total_time_budget": None,
+    }
+    f = torch.compile(m, backend="mirage", options=opts)
+    m32 = NormSwiGLU(4096, 14336).cuda().eval()
+    m32.load_state_dict({k: v.float() for k, v in m.state_dict().items()})
+    with torch.no_grad():
+        for i in range(4):
+            x = torch.randn(batch, 1, 4096, device="cuda", dtype=torch.float16)
+            ref = m32(x.float())
+            out = f(x)
+            torch.cuda.synchronize()
+            err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+            assert err < 1e-2, (i, err)
+    records = [s for r in mi.dynamo_summary()["regions"] for s in r["searches"]]
+    assert records and not [s for s in records if s.get("source") == "failed"], records
+    assert all(s.get("path") == "mirage" or "path" not in s for s in records), records

@@ -713,3 +713,25 @@ def test_llama_sized_norm_swiglu_matches_eager_on_every_call(tmp_path, batch, se
     records = [s for r in mi.dynamo_summary()["regions"] for s in r["searches"]]
     assert records and not [s for s in records if s.get("source") == "failed"], records
     assert all(s.get("path") == "mirage" or "path" not in s for s in records), records
+
+
+def test_decode_logits_comparison_names_the_first_flip_and_its_gap(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "examples"))
+    import llama_decode
+
+    ref = torch.tensor([[[4.0, 1.0, 0.0]], [[2.0, 1.99, 0.0]]])  # (steps 2, batch 1, vocab 3)
+    same = llama_decode.compare_logits(ref.clone(), ref, 1e-2)
+    assert same["logits_ok"] and same["next_token_agree"] == "2/2"
+    assert "first_disagreement" not in same
+    flipped = ref.clone()
+    flipped[1, 0, 1] = 2.005  # step 1: within 1e-2 of the step's largest logit, argmax flips
+    out = llama_decode.compare_logits(flipped, ref, 1e-2)
+    assert out["logits_ok"] and out["next_token_agree"] == "1/2"
+    gap = out["first_disagreement"]
+    assert (gap["step"], gap["sequence"]) == (1, 0)
+    assert abs(gap["eager_top2_gap"] - 0.01 / 2.0) < 1e-6
+    wrong = ref.clone()
+    wrong[0, 0, 2] = 5.0  # step 0: a large error
+    bad = llama_decode.compare_logits(wrong, ref, 1e-2)
+    assert not bad["logits_ok"] and bad["logits_rel_err"] == 5.0 / 4.0
+    assert bad["first_disagreement"]["step"] == 0

@@ -735,3 +735,25 @@ def test_decode_logits_comparison_names_the_first_flip_and_its_gap(monkeypatch):
     bad = llama_decode.compare_logits(wrong, ref, 1e-2)
     assert not bad["logits_ok"] and bad["logits_rel_err"] == 5.0 / 4.0
     assert bad["first_disagreement"]["step"] == 0
+
+
+def test_a_region_its_kinds_preset_cannot_fuse_is_searched_with_the_defaults(tmp_path):
+    """RMSNorm + SwiGLU gate/up 2048 -> 4096: the norm-projection preset (one customized
+    kernel) finds nothing at this width, so the region is searched again with the search's
+    defaults (the norm in a kernel of its own) instead of running as lowered."""
+    torch.manual_seed(0)
+    m = NormSwiGLU(2048, 4096).eval()
+    for p in m.mlp.parameters():
+        p.data *= 0.1
+    m16 = NormSwiGLU(2048, 4096).half().eval()
+    m16.load_state_dict({k: v.half() for k, v in m.state_dict().items()})
+    x = torch.randn(2, 1, 2048, dtype=torch.float16)
+    opts = {"cache_dir": str(tmp_path), "time_budget": 120.0, "total_time_budget": None}
+    with torch.no_grad():
+        out = torch.compile(m16, backend="mirage", options=opts)(x)
+        ref = m(x.float())
+    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+    (rec,) = [s for r in mi.dynamo_summary()["regions"] for s in r["searches"]]
+    assert rec["source"] == "search" and rec["config"] is None, rec
+    assert "'mlp' preset" in rec["preset_error"] and "no usable" in rec["preset_error"], rec
+    assert rec["time_budget"] == 120.0

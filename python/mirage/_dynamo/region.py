@@ -430,8 +430,24 @@ def searched(
     from ..search import SearchError
 
     t0 = time.perf_counter()
+    preset_error, given_budget = None, kwargs.get("time_budget")
     try:
-        best = g.superoptimize(**kwargs)
+        try:
+            best = g.superoptimize(**kwargs)
+        except SearchError as e:
+            # The kind's preset narrows the search for speed (one customized kernel, a few
+            # loop ranges); where it finds nothing at the region's shapes (a gated MLP of real
+            # width needs its norm in a kernel of its own), the search's defaults get the time
+            # left. A user's own config is not widened.
+            if options.config is not None or kwargs.get("config") is None:
+                raise
+            preset_error = f"{kwargs['config']!r} preset: {e}"
+            log.info("mirage: %s; searching again with the default settings", preset_error)
+            kwargs = {k: v for k, v in kwargs.items() if k != "config"}
+            if "time_budget" in kwargs:
+                spent = time.perf_counter() - t0
+                kwargs["time_budget"] = max(kwargs["time_budget"] - spent, 1.0)
+            best = g.superoptimize(**kwargs)
     except SearchError as e:
         bump("search_failures")
         log.info("mirage: search found nothing (%s); running the lowered graph as it is", e)
@@ -459,7 +475,8 @@ def searched(
         "profile_seconds": selection.get("phase_seconds"),
         "stopped": stats.get("stopped"),
         "error": stats.get("error"),
-        "time_budget": kwargs.get("time_budget"),
+        "preset_error": preset_error,
+        "time_budget": given_budget,
         "config": kwargs.get("config"),
     }
     with _LOCK:

@@ -289,7 +289,7 @@ def print_mirage_summary() -> dict[str, Any]:
                 )
             elif s.get("path"):
                 parts.append(f"runs {s['path']}")
-            for key in ("error", "path_error"):
+            for key in ("preset_error", "error", "path_error"):
                 if s.get(key):
                     parts.append(f"{key.replace('_', ' ')}: {str(s[key])[:200]}")
             print(
@@ -364,7 +364,8 @@ def run_case(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str,
         if name == "mirage":
             summ = print_mirage_summary()
             entry["search_seconds"] = summ["seconds"]["search"]
-            keep = ("source", "path", "error", "path_error", "mirage_us", "torch_us", "seconds")
+            keep = ("source", "path", "preset_error", "error", "path_error", "mirage_us", "torch_us")
+            keep += ("seconds",)
             entry["regions"] = [
                 {"name": r["name"], "kind": r["kind"], "ops": r["ops"]}
                 | {k: s[k] for k in keep if s.get(k) is not None}

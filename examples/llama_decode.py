@@ -364,8 +364,8 @@ def run_case(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str,
         if name == "mirage":
             summ = print_mirage_summary()
             entry["search_seconds"] = summ["seconds"]["search"]
-            keep = ("source", "path", "preset_error", "error", "path_error", "mirage_us", "torch_us")
-            keep += ("seconds",)
+            keep = ("source", "path", "preset_error", "error", "path_error")
+            keep += ("mirage_us", "torch_us", "seconds")
             entry["regions"] = [
                 {"name": r["name"], "kind": r["kind"], "ops": r["ops"]}
                 | {k: s[k] for k in keep if s.get(k) is not None}

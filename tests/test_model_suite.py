@@ -523,6 +523,20 @@ def test_the_search_finds_each_program_fused_on_the_cpu(ms, kind):
     assert best.search_stats["source"] == "search", best.search_stats.get("summary")
     assert _kernel_ops(best) == ["customized"], (cell.name, _kernel_ops(best))
     assert mi.verify(g, best).equivalent
+    if kind.startswith("attn"):
+        # The online softmax (a running row maximum) in every dtype, bf16 included: the form
+        # the code generator's attention kernels take.
+        (block,) = _block_ops(best)
+        assert "reduction_max" in block, (cell.name, block)
+
+
+def _block_ops(g: object) -> list[list[str]]:
+    ops = json.loads(g.to_json())["graph"]["ops"]
+    return [
+        [b["kind"]["kind"] for b in o["kind"]["graph"]["ops"]]
+        for o in ops
+        if o["kind"]["kind"] == "customized"
+    ]
 
 
 #: Real-shape cells whose search takes about a second on the CPU: the fused norm + QKV

@@ -169,8 +169,8 @@ pub struct SearchConfig {
     /// The GPU the candidates are priced for (SM count, pipelining budgets, cluster rules,
     /// the co-resident twins' cap); [`Target::sm90`] by default.
     pub target: Target,
-    /// Replace candidates that are equivalent but unstable in their precision (a plain `exp`
-    /// accumulated in fp16) by their online-softmax rewrite when it checks as stable.
+    /// Replace equivalent candidates that accumulate a plain `exp` (unstable in fp16; in bf16
+    /// and fp32 past logits of 88) by their online-softmax rewrite when it checks as stable.
     pub online_softmax: bool,
 }
 

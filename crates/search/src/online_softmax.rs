@@ -208,6 +208,11 @@ fn classify(bg: &BlockGraph, exp_op: usize) -> Option<(Vec<Cls>, Partials)> {
                 // Without a loop, an in-loop value and an accumulated one carry the same
                 // factor exp(-max): their ratio is free of it.
                 (BlockOpKind::Binary { op: Div }, [Scaled, Acc] | [Acc, Scaled]) if bg.forloop_range == 1 => Free,
+                // ... and so do two in-loop values (each passed through an identity accumulator).
+                (BlockOpKind::Binary { op: Div }, [Scaled, Scaled]) if bg.forloop_range == 1 => {
+                    accumulators += 2;
+                    Free
+                }
                 (BlockOpKind::Output { omap, forloop_dim: -1 }, [c @ (Acc | Scaled)]) => {
                     let t = bg.tensor(op.inputs[0]).ok()?;
                     // Saving an in-loop value is only the identity accumulation for one iteration.
@@ -281,11 +286,14 @@ fn rewrite_kernel1_at(bg: &BlockGraph, exp_op: usize) -> Option<Kernel1> {
                     vec![]
                 }
                 kind => {
-                    // A row-linear value divided by (or dividing) an accumulated one in a loop of
-                    // one iteration: accumulated first (the identity), so both leave the loop.
+                    // A row-linear value divided by (or dividing) an accumulated one, or another
+                    // row-linear value, in a loop of one iteration: accumulated first (the
+                    // identity), so both leave the loop.
                     let mut ins = ins;
                     let meets_acc = op.inputs.iter().any(|&t| cls[t] == Cls::AccScaled);
-                    if meets_acc && bg.forloop_range == 1 {
+                    let ratio = matches!(kind, BlockOpKind::Binary { op: BinaryOp::Div })
+                        && op.inputs.iter().all(|&t| cls[t] == Cls::Scaled);
+                    if (meets_acc || ratio) && bg.forloop_range == 1 {
                         for (x, &t) in ins.iter_mut().zip(&op.inputs) {
                             if cls[t] == Cls::Scaled {
                                 *x = nb.forloop_accum_rescale(*x, online?.1, Accum::None).ok()?;

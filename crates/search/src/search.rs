@@ -8,8 +8,8 @@
 //! cheapest block graphs as alternatives. Work is split with rayon over kernel-level states
 //! and, inside each block search, over configurations; results are collected in order and
 //! sorted by (cost, graph hash), so the candidate set does not depend on the thread count.
-//! After checking, candidates that are equivalent but unstable in their own precision (a plain
-//! `exp` accumulated in fp16) are replaced by their online-softmax rewrite
+//! After checking, equivalent candidates that accumulate a plain `exp` (unstable in fp16, and
+//! past logits of 88 in bf16 and fp32 too) are replaced by their online-softmax rewrite
 //! ([`crate::online_softmax`]) when the rewrite checks as stable (`SearchConfig::online_softmax`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -615,13 +615,16 @@ fn sort_dedup(all: &mut Vec<Candidate>) {
     all.dedup_by(|a, b| a.hash == b.hash);
 }
 
-/// Checks one candidate: its verification, and, for an equivalent but unstable one that
-/// contains `exp`, its online-softmax rewrite ([`rewrite_online_softmax`]) when
-/// `online_softmax` is set and the rewrite checks as [`Verification::Passed`] (equivalent and
-/// stable in its own precision), to take its place.
+/// Checks one candidate: its verification, and, for an equivalent one that contains `exp`,
+/// its online-softmax rewrite ([`rewrite_online_softmax`]) when `online_softmax` is set and
+/// the rewrite checks as [`Verification::Passed`] (equivalent and stable in its own
+/// precision), to take its place. Stable candidates are rewritten too: a plain `exp` that
+/// passes in bf16 or fp32 (their range reaches e^88) still overflows on logits past 88, and
+/// the code generator's attention forms take the online form only.
 fn check_candidate(checker: &Checker<'_>, cfg: &SearchConfig, c: &Candidate) -> (Verification, Option<Candidate>) {
     let v = checker.check(&c.graph);
-    let rewrite = (matches!(v, Verification::Unstable(_)) && cfg.online_softmax && has_exp(&c.graph))
+    let equivalent = matches!(v, Verification::Unstable(_) | Verification::Passed);
+    let rewrite = (equivalent && cfg.online_softmax && has_exp(&c.graph))
         .then(|| rewrite_online_softmax(&c.graph))
         .flatten()
         .filter(|g| checker.check(g) == Verification::Passed)

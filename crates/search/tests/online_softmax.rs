@@ -181,6 +181,40 @@ fn one_kernel_attention_keeps_the_division_after_the_loop() {
 }
 
 #[test]
+fn loop_free_attention_dividing_in_the_loop_gets_the_online_form() {
+    // Prefill-shaped attention in one iteration: exp(QK) V and its row sum are divided before
+    // the (single-iteration) loop closes, as the search finds it for bf16, where the plain form
+    // passes the stability check. Both are passed through identity rescaling accumulators.
+    let (b, h, d, s) = (2, 64, 16, 128);
+    for dt in [DType::Bfloat16, DType::Float16] {
+        let reference =
+            zoo::attention(Attn { b, h, d, s, splits: 1, frange: 1, qsplit: 1 }, false, dt).expect("zoo").reference;
+        let mut g = KernelGraph::new();
+        let shapes: [&[usize]; 3] = [&[b, h, d], &[b, d, s], &[b, s, d]];
+        let v: Vec<_> = shapes.iter().map(|s| g.new_input(s, dt, None).expect("input")).collect();
+        let mut tb = BlockGraph::new([b, 2, 1], [128, 1, 1], 1, d).expect("block graph");
+        let tq = tb.new_input(shapes[0], dt, [0, 1, -1], -1).expect("q");
+        let tk = tb.new_input(shapes[1], dt, [0, -1, -1], -1).expect("k");
+        let tv = tb.new_input(shapes[2], dt, [0, -1, -1], -1).expect("v");
+        let a = tb.matmul(tq, tk).expect("qk");
+        let e = tb.unary(mirage_ugraph::UnaryOp::Exp, a).expect("exp");
+        let ev = tb.matmul(e, tv).expect("ev");
+        let r = tb.reduction(e, 2).expect("sum");
+        let out = tb.binary(mirage_ugraph::BinaryOp::Div, ev, r).expect("div");
+        tb.new_output(out, [0, 1, -1], -1).expect("output");
+        let o = g.customized(&v, tb).expect("kernel");
+        g.mark_output(o[0], None).expect("output");
+        let plain = equivalent(&reference, &g, &Options::default()).expect("the verifier runs");
+        assert!(matches!(plain, Verdict::Equivalent { .. }), "{plain:?}");
+
+        let online = rewrite_online_softmax(&g).expect("the pattern matches");
+        assert_online_structure(&online, None);
+        assert_eq!(count(kernels(&online)[0], |k| *k == BlockOpKind::ForloopAccumRescale { acc: Accum::None }), 2);
+        assert_stable(&reference, &online, &Options::default());
+    }
+}
+
+#[test]
 fn paper_shapes_rewrite_and_verify() {
     for p in zoo::paper_workloads(1).expect("zoo") {
         let attention = ["gqa", "qknorm_gqa", "mha", "mqa"].contains(&p.name.as_str());

@@ -252,3 +252,25 @@ def test_a_long_function_is_reported(tmp_path: object) -> None:
     body = "".join(f"    let x{i} = {i};\n" for i in range(MAX_FUNCTION_LINES))
     found = list(functions("long.rs", "fn long() {\n" + body + "}\n"))
     assert found == [("long", 1, MAX_FUNCTION_LINES + 2)]
+
+
+#: GPU facts that belong to the target descriptor (crates/ugraph/src/target.rs): the H100's SM
+#: count, shared memory in KiB and bytes (crates/ugraph/tests/gpu_constants.rs checks the Rust
+#: sources the same way).
+GPU_NUMBERS = {"132", "227", "228", "232448", "233472", "166912", "167936"}
+
+
+def test_the_python_package_spells_no_gpu_constant():
+    found = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, "python", "mirage")):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+        for name in filenames:
+            if not name.endswith((".py", ".pyi")):
+                continue
+            path = os.path.join(dirpath, name)
+            with open(path, encoding="utf-8") as f:
+                for i, line in enumerate(f, 1):
+                    code = line.split("#", 1)[0]
+                    if GPU_NUMBERS & set(re.findall(r"\b\d+\b", code)):
+                        found.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}")
+    assert not found, found

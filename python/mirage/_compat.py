@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from .kernel import KNGraph
 
 __all__ = [
-    "SMEM_CAPACITY",
     "Done",
     "compile_graph",
     "convert_dtype_to_torch_type",
@@ -33,20 +32,6 @@ __all__ = [
     "search_keywords",
     "target_arch",
 ]
-
-#: Opt-in shared memory per thread block (bytes) of the architectures the reference's
-#: ``compile`` checks against (NVIDIA's published limits: sm_80 163 KB, sm_86/89 99 KB,
-#: sm_90/100 227 KB). A program over its target's limit is reported as invalid kernels.
-SMEM_CAPACITY: dict[int, int] = {
-    70: 96 * 1024,
-    75: 64 * 1024,
-    80: 163 * 1024,
-    86: 99 * 1024,
-    87: 163 * 1024,
-    89: 99 * 1024,
-    90: 227 * 1024,
-    100: 227 * 1024,
-}
 
 _DTYPES: dict[str, DType] = {"float16": float16, "bfloat16": bfloat16, "float32": float32}
 #: The reference's names of its dtypes, for the messages about the ones we lack.
@@ -277,7 +262,8 @@ def compile_graph(graph: KNGraph, kwargs: dict[str, Any]) -> dict[str, Any] | No
         enable_online_softmax=kwargs.get("enable_online_softmax", False),
     )
     arch = result["arch"]
-    cap = SMEM_CAPACITY.get(arch)
+    # The architecture's published opt-in limit (the target descriptor's table).
+    cap = _core.published_smem_optin(int(arch))
     if cap is not None and result["max_smem_size"] > cap:
         why = (
             f"shared memory usage {result['max_smem_size']} bytes exceeds the {cap} bytes a "

@@ -15,6 +15,12 @@ mod kernel;
 mod search;
 mod verify;
 
+/// Shared memory a block may opt into on `sm_{arch}` as NVIDIA publishes it (`None`: unknown).
+#[pyfunction]
+fn published_smem_optin(arch: u32) -> Option<usize> {
+    mirage::ugraph::Target::published_smem_optin(arch)
+}
+
 /// The extension module `mirage._core`.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -31,6 +37,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The element-wise op registry, `(name, doc)` pairs (docs/ops.md).
     m.add("UNARY_OPS", convert::unary_ops())?;
     m.add("BINARY_OPS", convert::binary_ops())?;
+    m.add_function(wrap_pyfunction!(published_smem_optin, m)?)?;
     // SHA-256 of the sources behind search results and generated code (see build.rs).
     m.add("__build_hash__", env!("MIRAGE_BUILD_HASH"))?;
     Ok(())

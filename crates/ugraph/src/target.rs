@@ -153,6 +153,22 @@ impl Target {
         flash_fragment_regs: 160,
     };
 
+    /// Shared memory a block may opt into on `arch`, as NVIDIA publishes it (the CUDA
+    /// programming guide's table of compute capabilities): sm_70 96 KiB, sm_75 64 KiB, sm_80
+    /// and sm_87 163 KiB, sm_86 and sm_89 99 KiB, sm_90 and sm_100 227 KiB; `None` for an
+    /// architecture not in that list. The reference-compatible `compile()` checks a program
+    /// against it without a device.
+    pub const fn published_smem_optin(arch: u32) -> Option<usize> {
+        match arch {
+            70 => Some(96 * KIB),
+            75 => Some(64 * KIB),
+            80 | 87 => Some(163 * KIB),
+            86 | 89 => Some(99 * KIB),
+            90 | 100 => Some(227 * KIB),
+            _ => None,
+        }
+    }
+
     /// The preset of `arch`'s family with `arch` itself: [`Target::sm90`] for sm_90 and
     /// later, [`Target::sm80`] below.
     pub const fn for_arch(arch: u32) -> Target {
@@ -247,6 +263,9 @@ mod tests {
     fn pipeline_budget_turns_at_one_wave() {
         let t = Target::sm90();
         assert_eq!(t.pipeline_budget(132), 160 * 1024);
+        assert_eq!(Target::published_smem_optin(90), Some(Target::sm90().smem_per_block_optin));
+        assert_eq!(Target::published_smem_optin(80), Some(Target::sm80().smem_per_block_optin));
+        assert_eq!((Target::published_smem_optin(89), Target::published_smem_optin(61)), (Some(99 * 1024), None));
         assert_eq!(t.pipeline_budget(133), 100 * 1024);
     }
 

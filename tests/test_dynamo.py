@@ -727,6 +727,7 @@ def test_decode_logits_comparison_names_the_first_flip_and_its_gap(monkeypatch):
     flipped[1, 0, 1] = 2.005  # step 1: within 1e-2 of the step's largest logit, argmax flips
     out = llama_decode.compare_logits(flipped, ref, 1e-2)
     assert out["logits_ok"] and out["next_token_agree"] == "1/2"
+    assert out["disagreements_beyond_tolerance"] == 0
     gap = out["first_disagreement"]
     assert (gap["step"], gap["sequence"]) == (1, 0)
     assert abs(gap["eager_top2_gap"] - 0.01 / 2.0) < 1e-6
@@ -734,6 +735,7 @@ def test_decode_logits_comparison_names_the_first_flip_and_its_gap(monkeypatch):
     wrong[0, 0, 2] = 5.0  # step 0: a large error
     bad = llama_decode.compare_logits(wrong, ref, 1e-2)
     assert not bad["logits_ok"] and bad["logits_rel_err"] == 5.0 / 4.0
+    assert bad["disagreements_beyond_tolerance"] == 1  # eager's gap there: 3/4
     assert bad["first_disagreement"]["step"] == 0
 
 

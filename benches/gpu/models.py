@@ -214,6 +214,8 @@ def search(cell: ms.Cell, rec: dict[str, Any], args: argparse.Namespace) -> Any:
         "source": st.get("source"),
         "cached": st.get("source") != "search",
         "search_elapsed_s": st.get("elapsed"),
+        # The every-element check of the returned graph (outside time_budget).
+        "confirm_s": st.get("confirm_seconds"),
         "profile_phase_s": sel.get("phase_seconds"),
         "config": config,
         "profile_iters": iters,

@@ -388,6 +388,13 @@ pub fn run_region_with<S: Scalar, I: Source<S> + ?Sized>(
 /// Output elements (times the inner dim of a matmul) a kernel op computes between two polls
 /// of the cancel flag.
 const BAND_WORK: usize = 1 << 22;
+/// Rows a band is widened to where [`BAND_WORK`] would leave fewer, within [`MAX_BAND_WORK`]: a
+/// matmul of a few rows by a wide weight (a whole-output check of a projection) then runs as one
+/// parallel, blocked matmul per band instead of one row at a time on one thread.
+const MIN_BAND_ROWS: usize = 32;
+/// Most work between two polls of the cancel flag when a band is widened (about 10^9 products:
+/// a second or two on two cores).
+const MAX_BAND_WORK: usize = 1 << 30;
 
 /// Computes box `r` of a predefined kernel op from its operands' parts, in bands of rows along
 /// dim 0 (polling `cancel` between bands) where the op's rule allows it.
@@ -406,7 +413,8 @@ fn kernel_op<S: Scalar>(
     };
     let per_row = numel(&ext[1..]).saturating_mul(inner).max(1);
     let splittable = !matches!(&rule, Rule::Widen(d) if d.contains(&0)) && ext.len() > 1;
-    let band = if splittable { (BAND_WORK / per_row).max(1) } else { ext[0] };
+    let band =
+        if splittable { (BAND_WORK / per_row).max(MIN_BAND_ROWS.min(MAX_BAND_WORK / per_row)).max(1) } else { ext[0] };
     if band >= ext[0] {
         return Ok(kernel_box(kind, &rule, r, dims, parts));
     }

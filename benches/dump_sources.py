@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 
-def graph_files(folders: Sequence[str]) -> list[str]:
-    """Every ``*.json`` file of the folders, sorted."""
+def graph_files(folders: Sequence[str], pattern: str = "*.json") -> list[str]:
+    """Every file of the folders matching ``pattern`` (graph JSON files by default), sorted."""
     out: list[str] = []
     for folder in folders:
-        out += glob.glob(os.path.join(folder, "*.json"))
+        out += glob.glob(os.path.join(folder, pattern))
     return sorted(set(out))
 
 

@@ -18,29 +18,26 @@ with today's. No GPU is needed::
     .venv/bin/python benches/sass_diff.py diff /tmp/sass-before /tmp/sass-after
 
 ``diff`` counts the kernels whose instructions differ (or that exist on one side only), prints the
-first differences and exits 1 if any kernel differs. A source that did not change compiles to
-the same machine code, so ``--only`` (repeatable graph hash prefixes) may restrict both dumps to
-the graphs whose source ``benches/dump_sources.py diff`` reports as changed.
+first differences and exits 1 if any kernel differs. NVRTC's machine code is not the same on
+every compile for some kernels (small SIMT matmul and customized kernels: one source dumped
+twice, each compile in a fresh process with ``MIRAGE_CACHE_DIR=off``, gave different instruction
+orders), so a kernel that differs is a change only where two dumps of each side agree with
+themselves. ``--only`` (repeatable graph hash prefixes) restricts a dump to some graphs, e.g.
+those whose source ``benches/dump_sources.py diff`` reports as changed.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import glob
 import os
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-
-def graph_files(folders: Sequence[str]) -> list[str]:
-    """Every ``*.json`` file of the folders, sorted."""
-    out: list[str] = []
-    for folder in folders:
-        out += glob.glob(os.path.join(folder, "*.json"))
-    return sorted(set(out))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dump_sources import graph_files
 
 
 def dump_one(
@@ -109,7 +106,7 @@ def dump(
     kernels)."""
     os.makedirs(out, exist_ok=True)
     files = graph_files(folders)
-    cus = sorted({p for folder in sources for p in glob.glob(os.path.join(folder, "*.cu"))})
+    cus = graph_files(sources, "*.cu")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         done = list(pool.map(lambda p: dump_one(p, out, archs, only), files))
         done += list(pool.map(lambda p: dump_source(p, out, only), cus))

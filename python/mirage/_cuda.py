@@ -211,20 +211,18 @@ def sass(graph: KNGraph, arch: int) -> dict[str, dict[str, Any]]:
     CUBIN's order: ``{"instructions": [...], "opcodes": {opcode: count}}`` (see
     :meth:`KNGraph.cuda_sass`)."""
     _configure()
-    return {
-        name: {"instructions": ins, "opcodes": dict(ops)}
-        for name, ins, ops in _core.cuda_sass(graph._core, int(arch))
-    }
+    return _sass_by_kernel(_core.cuda_sass(graph._core, int(arch)))
 
 
 def source_sass(source: str, arch: int) -> dict[str, dict[str, Any]]:
     """:func:`sass` of a CUDA source (e.g. one ``save_codes`` wrote) compiled for ``sm_{arch}``."""
     _configure()
-    cubin = _core.nvrtc_compile(source, int(arch))
-    return {
-        name: {"instructions": ins, "opcodes": dict(ops)}
-        for name, ins, ops in _core.cuda_disassemble(cubin)
-    }
+    return _sass_by_kernel(_core.cuda_disassemble(_core.nvrtc_compile(source, int(arch))))
+
+
+def _sass_by_kernel(rows: list[Any]) -> dict[str, dict[str, Any]]:
+    """The bindings' SASS rows ``(name, instructions, [(opcode, count)])`` by kernel name."""
+    return {name: {"instructions": ins, "opcodes": dict(ops)} for name, ins, ops in rows}
 
 
 def _save_dir(save_codes: Any) -> str | None:

@@ -162,9 +162,9 @@ impl Target {
         match arch {
             70 => Some(96 * KIB),
             75 => Some(64 * KIB),
-            80 | 87 => Some(163 * KIB),
+            80 | 87 => Some(Self::sm80().smem_per_block_optin),
             86 | 89 => Some(99 * KIB),
-            90 | 100 => Some(227 * KIB),
+            90 | 100 => Some(Self::sm90().smem_per_block_optin),
             _ => None,
         }
     }

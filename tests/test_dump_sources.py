@@ -11,17 +11,20 @@ import pytest
 from conftest import GPU_SCRIPTS
 
 
-@pytest.fixture(scope="module")
-def tool() -> ModuleType:
+def _bench_script(name: str) -> ModuleType:
+    """``benches/<name>.py`` loaded as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "dump_sources", GPU_SCRIPTS.parent / "dump_sources.py"
-    )
+    spec = importlib.util.spec_from_file_location(name, GPU_SCRIPTS.parent / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def tool() -> ModuleType:
+    return _bench_script("dump_sources")
 
 
 def _graphs(folder) -> None:
@@ -69,13 +72,7 @@ def test_dump_is_stable_and_diff_finds_a_changed_kernel(tool, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def sass_tool() -> ModuleType:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sass_diff", GPU_SCRIPTS.parent / "sass_diff.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _bench_script("sass_diff")
 
 
 def test_saved_sources_disassemble_as_their_graphs_and_a_changed_kernel_is_found(

@@ -4,9 +4,10 @@ timed against Inductor.
 
 Each mode decodes the same prompt with its own static cache; the tokens of every mode must equal
 eager's. The mode then decodes again fed eager's tokens (teacher forcing) and every step's logits
-must agree with eager's within tolerance; the row reports how many next-token choices agree
-and, at the first that does not, eager's own top-two gap (a gap within the tolerance is a near
-tie that rounding may flip, so one flipped token need not mean a wrong kernel). One decode step is then timed in
+must agree with eager's within tolerance; the row reports how many next-token choices agree,
+how many of the others rounding does not explain (eager's top-two gap beyond the tolerance)
+and the first disagreement with its gap, so one flipped near tie need not mean a wrong kernel.
+One decode step is then timed in
 a CUDA graph (captured around the compiled step, replayed, CUDA events, median), for eager,
 Inductor (``max-autotune-no-cudagraphs`` and ``default``, the faster counts) and mirage::
 

@@ -574,28 +574,28 @@ struct FlashWG {
   __host__ __device__ static constexpr int scratch_floats() {
     return (KS - 1) * BATCH * WR * FlashRows<RG, 8>::template SLOT_FLOATS<128>;
   }
-  // Floats of `remote` that `finish<CS>` takes: the other blocks' slots of a cluster split.
+  // Floats of `remote` that `finish<CS>` takes: a block's own slots of a cluster split (the
+  // other block's with HALVES).
   template <int CS>
   __host__ __device__ static constexpr int remote_floats() {
-    return (CS - 1) * BATCH * WR * FlashRows<RG, 8>::template SLOT_FLOATS<128>;
+    return (CS > 1 ? 1 : 0) * BATCH * WR * FlashRows<RG, 8>::template SLOT_FLOATS<128>;
   }
 
   // After the loop, as `Flash::finish`. The key slices merge in registers
   // (`FlashRows::merge_slices` over warpgroups through `scratch`, which overlaps the loop's
   // tiles: slot (k - 1) of its rows for slice k > 0).
   // With CS > 1 the block is one of a thread-block cluster of CS that split the loop: the
-  // slice-0 warpgroups of block rank > 0 save their merged partials straight into the first
-  // block's `remote` area (distributed shared memory, slot rank - 1), and that block alone
-  // merges them and writes O, L and X. One slot per (slice or rank, batch item, row group):
-  // see `scratch_floats` and `remote_floats`. Where it fits without costing the loop a
-  // pipeline stage, `remote` is shared memory that nothing else writes; else it follows the
-  // slices' slots over the loop's tiles. A remote store into bytes that the owner's cp.async
-  // wrote is ordered through the owner's own waits for its copies and the cluster barrier
-  // (release, then acquire), which compute-sanitizer's racecheck does not credit: it reports
-  // every such byte (benches/gpu/racecheck_cluster_cp_async.cu shows it in miniature). The
-  // cluster barrier before the saves makes sure every block of the cluster has left its loop
-  // and started (its shared memory may then be written); the one after them publishes the
-  // saves to their readers.
+  // slice-0 warpgroups of block rank > 0 save their merged partials into their own block's
+  // `remote` area (one slot per batch item and row group: see `remote_floats`), a cluster
+  // barrier (release, then acquire) publishes them, and the first block alone reads every other
+  // block's slots over distributed shared memory, merges them and writes O, L and X; a second
+  // cluster barrier keeps every block resident until those reads are done. Every byte is then
+  // written only by its own block: where `remote` overlaps the loop's tiles (it follows the
+  // slices' slots when an area of its own would cost the loop a pipeline stage), a barrier of
+  // the block's consumers orders the save after their last reads of the stages, whose copies
+  // each consumer waited for. (Stores pushed into the first block's stages instead were
+  // ordered only through that block's copy waits and the cluster barrier, which
+  // compute-sanitizer's racecheck does not credit: benches/gpu/racecheck_cluster_cp_async.cu.)
   // With WS (after `run_ws`) the slices' barriers are the consumers' own
   // (`NamedBarrier::Consumers`):
   // the producer warpgroup has left.
@@ -614,22 +614,35 @@ struct FlashWG {
     if constexpr (KS > 1) st.template merge_slices<128, KS, GROUPS, WS ? NT : 0>(scratch, slice, grp, tw, true, [] {});
     bool mine = slice == 0;
     if constexpr (CS > 1) {
-      cluster_sync_relaxed();
       const unsigned rank = cluster_rank();
       constexpr int SLOT = FlashRows<RG, 8>::template SLOT_FLOATS<128>;
       if constexpr (HALVES) {
+        cluster_sync_relaxed();
         const unsigned h = (unsigned)row0 >> 5;
         if (h != rank && slice == 0) st.template save<128>(cluster_map(remote, h) + grp * SLOT, tw);
         cluster_sync();
         if (h == rank && slice == 0) st.template merge<128>(remote + grp * SLOT, tw);
         mine = mine && h == rank;
       } else {
-        if (rank > 0 && slice == 0) st.template save<128>(cluster_map(remote, 0u) + (((int)rank - 1) * GROUPS + grp) * SLOT, tw);
+        // Pulled: each block but the first saves into its own slots, which the first block
+        // reads over distributed shared memory between two cluster barriers.
+        if constexpr (KS == 1) {
+          // Every consumer has left the loop before a save may overwrite its stages.
+          if (rank > 0) {
+            if constexpr (WS) {
+              bar_sync_n<NT>();
+            } else {
+              __syncthreads();
+            }
+          }
+        }
+        if (rank > 0 && slice == 0) st.template save<128>(remote + grp * SLOT, tw);
         cluster_sync();
         if (rank == 0 && slice == 0) {
 #pragma unroll 1
-          for (int r = 1; r < CS; ++r) st.template merge<128>(remote + ((r - 1) * GROUPS + grp) * SLOT, tw);
+          for (int r = 1; r < CS; ++r) st.template merge<128>(cluster_map(remote, (unsigned)r) + grp * SLOT, tw);
         }
+        cluster_sync();
         mine = mine && rank == 0;
       }
     }

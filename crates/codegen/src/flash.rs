@@ -159,14 +159,15 @@ impl FlashRegion {
         (ks - 1) * self.slot_bytes()
     }
 
-    /// Bytes of the area where the other blocks of a thread-block cluster of `cluster` that
-    /// split the loop leave their merged partials (`mi::FlashWG::finish`'s `remote`: one slot
-    /// per other block, batch item and warpgroup's rows; 0 outside a cluster). Written from
-    /// other blocks, it must not overlap anything asynchronous copies write.
+    /// Bytes of the area where a block of a thread-block cluster of `cluster` that split the
+    /// loop leaves its merged partials for the first block to read (`mi::FlashWG::finish`'s
+    /// `remote`: one slot per batch item and warpgroup's rows; 0 outside a cluster). In the
+    /// two-block halves form the other block writes it, so it must not overlap anything
+    /// asynchronous copies write there.
     pub fn remote_bytes(&self, cluster: usize) -> usize {
         match self.wg {
-            Some(_) => (cluster.max(1) - 1) * self.slot_bytes(),
-            None => 0,
+            Some(_) if cluster > 1 => self.slot_bytes(),
+            _ => 0,
         }
     }
 

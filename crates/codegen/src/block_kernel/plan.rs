@@ -289,8 +289,8 @@ fn plan_any(
 ) -> Result<Option<(Option<BlockGraph>, KernelPlan)>> {
     // A loop whose grid leaves SMs idle is split across the blocks of thread-block clusters
     // (`BlockGraph::cluster_split`) where its attention region takes the warpgroup form or
-    // it only sums, in smaller clusters where the first block's gathered partials would not
-    // fit its shared memory; otherwise it keeps its grid.
+    // it only sums, in smaller clusters where a block's shared memory would not fit; otherwise
+    // it keeps its grid.
     if arch == 90 {
         let mut most = MAX_CLUSTER_SPLIT;
         while let Some((axis, cs, split)) = bg.cluster_split_within(most, &knobs.target) {

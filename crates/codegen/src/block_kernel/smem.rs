@@ -275,7 +275,7 @@ impl Planner<'_> {
     pub(super) fn memory(&self, ws3: bool, ilv: bool) -> Memory {
         let (bg, nt, fr, cluster) = (self.bg, self.nt, &self.fr, self.cluster);
         let combine = |f: &FlashRegion| combine_bytes(f, nt, ws3);
-        // The other blocks' partials of a cluster split: an area of its own for the whole kernel
+        // A cluster split's partials for the first block: an area of its own for the whole kernel
         // (`own`), or after the combine scratch, over the loop's tiles, where an area of its own
         // would cost the loop a pipeline stage.
         let remote = fr.as_ref().map_or(0, |f| f.remote_bytes(cluster));

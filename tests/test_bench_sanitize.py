@@ -41,3 +41,28 @@ def test_memcheck_summary(sanitize, n):
 def test_no_summary_is_not_clean(sanitize):
     # A run that died before its summary (a crash, a timeout) must not count as 0 errors.
     assert sanitize.parse_report("Segmentation fault")["errors"] is None
+
+
+def test_model_suite_winners_become_one_file_a_cell(sanitize, tmp_path):
+    # `--models` reads the model suite's saved winners (cell name -> graph JSON): each cell's
+    # graph goes to a file of its own that loads as the same graph; `--cells` keeps some.
+    import json
+    import pathlib
+
+    import mirage as mi
+
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(4, 64), dtype=mi.float16)
+    w = g.new_input(dims=(64, 32), dtype=mi.float16)
+    g.mark_output(g.matmul(x, w))
+    saved = tmp_path / "m-graphs.json"
+    names = ["llama3-8b/qkv/b1/fp16", "qwen2.5-7b/lora/b8/rank16/fp16"]
+    saved.write_text(json.dumps({n: g.to_json() for n in names}))
+    out = sanitize.model_winners([str(saved)], None, str(tmp_path))
+    assert [n for n, _ in out] == names
+    assert len({p for _, p in out}) == 2
+    for _, p in out:
+        assert mi.from_json(pathlib.Path(p).read_text()).hash() == g.hash()
+    assert [n for n, _ in sanitize.model_winners([str(saved)], names[1], str(tmp_path))] == names[
+        1:
+    ]

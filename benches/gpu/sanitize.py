@@ -12,6 +12,12 @@ checks the output against a float64 torch reference too. The summary table comes
     python benches/gpu/sanitize.py --graphs benches/gpu/results/<run>/all-graphs --only gqa
     python benches/gpu/sanitize.py --child FILE --kind attention     # what each tool runs
 
+``--models FILE`` (repeatable) takes the model-shaped suite's winners instead, as ``models.py
+--save-graphs`` writes them (cell name -> graph); each child then draws the cell's inputs and
+float64 reference as ``models.py`` does (``--cells`` picks some by name)::
+
+    python benches/gpu/sanitize.py --models benches/gpu/results/<run>/m1-graphs.json
+
 A tool's line reads ``errors`` (memcheck/synccheck errors, racecheck hazards reported as
 errors) and ``warnings`` (racecheck's), from compute-sanitizer's summary lines; ``rel_err`` is
 the child's ``||out - ref|| / ||ref||`` (it must be below 1e-2).
@@ -81,8 +87,14 @@ def parse_report(text: str) -> dict[str, Any]:
     return {"errors": errors, "warnings": warnings, "functions": top, "kinds": kinds}
 
 
+#: A child's ``--kind`` for a model-suite cell: this prefix, then the cell's name.
+MODEL_KIND = "model:"
+
+
 def run_child(path: str, kind: str, seed: int) -> dict[str, Any]:
-    """Loads a winner, runs it once on fresh inputs (outputs poisoned), compares with float64."""
+    """Loads a winner, runs it once on fresh inputs (outputs poisoned), compares with float64:
+    a paper-suite workload's inputs and reference (``bench``), or a model-suite cell's
+    (``models``) where ``kind`` is ``model:<cell name>``."""
     import bench
     import mirage as mi
     import torch
@@ -90,13 +102,40 @@ def run_child(path: str, kind: str, seed: int) -> dict[str, Any]:
 
     with open(path, encoding="utf-8") as f:
         graph = mi.from_json(f.read())
-    dims = [tuple(t.dims) for t in graph.inputs]
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    xs = bench.inputs_for(kind, dims, gen)
+    if kind.startswith(MODEL_KIND):
+        import models
+
+        cell = models.ms.parse_cell(kind[len(MODEL_KIND) :])
+        xs = models.ms.make_inputs(cell, gen, "cuda")
+        ref, tol = (lambda: models.reference64(cell, xs)), models.TOL[cell.dtype]
+    else:
+        dims = [tuple(t.dims) for t in graph.inputs]
+        xs = bench.inputs_for(kind, dims, gen)
+        ref, tol = (lambda: bench.reference(kind, xs)), bench.TOL
     (out,) = _cuda.run(graph, xs, poison=True)
     torch.cuda.synchronize()
-    err = bench.rel_err(out, bench.reference(kind, xs))
-    return {"rel_err": err, "ok": err < bench.TOL}
+    err = bench.rel_err(out, ref())
+    return {"rel_err": err, "ok": err < tol}
+
+
+def model_winners(files: Sequence[str], cells: str | None, workdir: str) -> list[tuple[str, str]]:
+    """(cell name, graph file) of every winner in the model suite's saved-graph files (cell
+    name -> graph JSON), each written to ``workdir`` as a file of its own; ``cells`` (comma-
+    separated names) keeps those only, in the files' order."""
+    wanted = set(cells.split(",")) if cells else None
+    out: list[tuple[str, str]] = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            graphs = json.load(f)
+        for name, text in graphs.items():
+            if wanted is not None and name not in wanted:
+                continue
+            file = os.path.join(workdir, "model_" + re.sub(r"[^A-Za-z0-9.]+", "_", name) + ".json")
+            with open(file, "w", encoding="utf-8") as f:
+                f.write(text if isinstance(text, str) else json.dumps(text))
+            out.append((name, file))
+    return out
 
 
 def winner_file(
@@ -166,6 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="comma-separated workload names")
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--graphs", default=None, help="folder of saved winners (bench --save-graphs)")
+    ap.add_argument(
+        "--models",
+        action="append",
+        default=[],
+        help="the model suite's winners (models.py --save-graphs)",
+    )
+    ap.add_argument("--cells", default=None, help="with --models: comma-separated cell names")
     ap.add_argument("--workdir", default="/tmp/mirage-sanitize")
     ap.add_argument("--time-budget", type=float, default=None, help="search seconds per cell")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per sanitizer run")
@@ -182,23 +228,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     import bench
 
     os.makedirs(args.workdir, exist_ok=True)
-    names = [w.name for w in bench.WORKLOADS]
-    if args.only:
-        names = [n for n in names if n in args.only.split(",")]
-    kinds = {w.name: w.kind for w in bench.WORKLOADS}
+    # (workload, batch, child kind, winner file) of every run: the model suite's cells, or
+    # the paper suite's workloads at each batch.
+    todo: list[tuple[str, int, str, str]] = []
+    if args.models:
+        for name, path in model_winners(args.models, args.cells, args.workdir):
+            todo.append((name, 0, MODEL_KIND + name, path))
+    else:
+        names = [w.name for w in bench.WORKLOADS]
+        if args.only:
+            names = [n for n in names if n in args.only.split(",")]
+        kinds = {w.name: w.kind for w in bench.WORKLOADS}
+        for b in [int(x) for x in args.batches.split(",")]:
+            for name in names:
+                todo.append(
+                    (name, b, kinds[name], winner_file(name, b, args.graphs, args.workdir, args))
+                )
     rows: list[dict[str, Any]] = []
-    for b in [int(x) for x in args.batches.split(",")]:
-        for name in names:
-            path = winner_file(name, b, args.graphs, args.workdir, args)
-            for tool in args.tools.split(","):
-                r = sanitize(path, kinds[name], tool, args.timeout, args.log)
-                r.update({"workload": name, "batch": b, "graph": os.path.basename(path)})
-                rows.append(r)
-                print(json.dumps(r)[:400], flush=True)
-                if args.json:
-                    with open(args.json, "w", encoding="utf-8") as f:
-                        json.dump(rows, f, indent=1)
-    print(f"\n{'workload':<22}{'b':>3}  {'tool':<10}{'errors':>8}{'warn':>6}  rel_err  functions")
+    for name, b, kind, path in todo:
+        for tool in args.tools.split(","):
+            r = sanitize(path, kind, tool, args.timeout, args.log)
+            r.update({"workload": name, "batch": b, "graph": os.path.basename(path)})
+            rows.append(r)
+            print(json.dumps(r)[:400], flush=True)
+            if args.json:
+                with open(args.json, "w", encoding="utf-8") as f:
+                    json.dump(rows, f, indent=1)
+    return summarize(rows)
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> int:
+    """Prints the table of the runs; 1 when any has errors, hazards or a failed check."""
+    w = max([22] + [len(r["workload"]) + 2 for r in rows])
+    print(f"\n{'workload':<{w}}{'b':>3}  {'tool':<10}{'errors':>8}{'warn':>6}  rel_err  functions")
     bad = 0
     for r in rows:
         child = r.get("child") or {}
@@ -206,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         e = r["errors"]
         bad += e is None or e > 0 or r["warnings"] > 0 or not child.get("ok")
         print(
-            f"{r['workload']:<22}{r['batch']:>3}  {r['tool']:<10}{e!s:>8}{r['warnings']:>6}  "
+            f"{r['workload']:<{w}}{r['batch'] or '-':>3}  {r['tool']:<10}{e!s:>8}{r['warnings']:>6}  "
             f"{'-' if err is None else f'{err:.1e}':>7}  {', '.join(r['functions'][:3])}"
         )
     print(f"{len(rows)} runs, {bad} with errors, hazards or a failed check")

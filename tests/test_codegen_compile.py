@@ -327,3 +327,17 @@ def test_every_suite_graph_compiles(name):
     """The µGraphs the CPU suite checks (test_ugraphs, every kernel op, every block op)."""
     g = SUITE_GRAPHS[name](np.random.default_rng(0))[0]
     _compile(g, name)
+
+
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16])
+def test_a_fused_projection_of_a_transposed_weight_compiles(dtype):
+    # RMSNorm + `x @ W.T` with W stored as nn.Linear stores it (the graph input a transposed
+    # view): the search's fused kernel copies the weight tiles down their columns.
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(8, 1024), dtype=dtype)
+    w = g.new_input(dims=(1, 1024), dtype=dtype)
+    wt = g.new_input(dims=(1024, 512), strides=(1, 1024), dtype=dtype)
+    g.mark_output(g.matmul(g.mul(g.rms_norm(x, normalized_shape=(1024,), eps=1e-5), w), wt))
+    best = g.superoptimize(backend="cpu", config="mlp", use_cached_graphs=False, time_budget=30)
+    assert '"customized"' in best.to_json()
+    _compile(best, f"norm + transposed projection {dtype}")

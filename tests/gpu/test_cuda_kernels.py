@@ -663,3 +663,23 @@ def test_resources_after_a_run_still_report_every_kernel():
         res = ug.cuda_resources()
         assert "ptxas_log" not in res, res.get("ptxas_log")
         assert all(0 < k["registers"] <= 255 for k in res["kernels"]), res["kernels"]
+
+
+@pytest.mark.parametrize("dtype", [mi.float16, mi.bfloat16])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_fused_projection_of_a_transposed_weight_against_interpreter(rows, dtype):
+    # RMSNorm + `x @ W.T` with W as nn.Linear stores it: the fused kernel's weight tiles are
+    # copied down their columns (16-byte runs of the device dim of stride 1); the same graph on
+    # the interpreter, and the inputs passed as the transposed view the graph declares.
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(rows, 2048), dtype=dtype)
+    w = g.new_input(dims=(1, 2048), dtype=dtype)
+    wt = g.new_input(dims=(2048, 1024), strides=(1, 2048), dtype=dtype)
+    g.mark_output(g.matmul(g.mul(g.rms_norm(x, normalized_shape=(2048,), eps=1e-5), w), wt))
+    best = g.superoptimize(backend="cpu", config="mlp", use_cached_graphs=False, time_budget=30)
+    assert '"customized"' in best.to_json()
+    gen = torch.Generator().manual_seed(rows)
+    xs = [torch.randn(rows, 2048, generator=gen), torch.randn(1, 2048, generator=gen)]
+    weight = torch.randn(1024, 2048, generator=gen) * 0.05
+    inputs = [t.to(dtype.to_torch()) for t in xs] + [weight.to(dtype.to_torch()).t()]
+    check(best, dtype, inputs=inputs)

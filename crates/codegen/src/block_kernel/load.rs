@@ -80,6 +80,24 @@ pub(super) fn rows_of(w: usize, tile: &[usize], strides: &[usize]) -> bool {
         && strides.iter().rev().skip(1).all(|s| s % w == 0)
 }
 
+/// A tile whose contiguous device dim is not its last (a transposed weight, `x @ W.T` with
+/// `W` as `nn.Linear` stores it): `(R, C, S)` for a tile of `R` rows along the device dim of
+/// stride 1 and `C` columns along its last dim (device stride `S`), when every other tile dim
+/// is 1, `R` is a whole number of `vec`-element runs and every other stride a multiple of
+/// `vec` (each run then starts 16-byte aligned from an aligned base). Tile element `(r, c)`
+/// is then row-major index `r C + c` and device offset `r + c S`.
+pub(super) fn column_walk(tile: &[usize], strides: &[usize], vec: usize) -> Option<(usize, usize, usize)> {
+    let last = tile.len().checked_sub(1)?;
+    let g = (0..last).find(|&j| strides[j] == 1 && tile[j] > 1)?;
+    let others_one = (0..last).all(|j| j == g || tile[j] == 1);
+    let aligned = (0..=last).all(|j| j == g || strides[j].is_multiple_of(vec));
+    (others_one && aligned && tile[last] > 1 && tile[g].is_multiple_of(vec)).then_some((
+        tile[g],
+        tile[last],
+        strides[last],
+    ))
+}
+
 impl Ctx<'_> {
     /// Code copying block input `k` (op `op`, tile `t`) for loop iteration `iter` (None outside
     /// the loop) into shared memory at `dst`: 16-byte `cp.async` copies when the layout allows
@@ -187,11 +205,75 @@ impl Ctx<'_> {
             }
             wl!(s, "    {scalar}");
             wl!(s, "  }}");
+        } else if let Some(walk) = (dev.storage != Storage::F32)
+            .then(|| column_walk(tile, &dev.strides, 16 / dev.storage.size_bytes()))
+            .flatten()
+        {
+            s.push_str(&Self::column_copy(k, dst, &l, walk, dev.storage, nt));
+            wl!(s, "  }} else {{");
+            wl!(s, "    {scalar}");
+            wl!(s, "  }}");
         } else {
             wl!(s, "  {scalar}");
         }
         wl!(s, "}}");
         Ok(s)
+    }
+
+    /// The aligned branch of a [`column_walk`] tile's copy (opening `if`, no closing brace):
+    /// each thread reads a run of `vec` elements down one column in one 16-byte load and
+    /// stores them into the column's rows. A warp's 32 threads take 32 adjacent columns, so
+    /// that each store instruction writes consecutive elements of one row (no bank conflicts)
+    /// and each of the column's 16-byte runs is read once (the element copies read a column
+    /// with a device stride between neighbouring threads: each 2-byte load its own sector).
+    /// Plain loads, not `cp.async` (whose 16 bytes land contiguous in shared memory): up to
+    /// eight a thread are issued before their stores.
+    fn column_copy(
+        k: usize,
+        dst: &str,
+        l: &Layout,
+        (r, c, stride): (usize, usize, usize),
+        st: Storage,
+        nt: usize,
+    ) -> String {
+        let vec = 16 / st.size_bytes();
+        let chunks = r / vec * c;
+        let ty = st.cty();
+        let mut s = String::new();
+        wl!(s, "  if (mi::aligned16(in{k})) {{");
+        let store = |s: &mut String, ind: &str, v: &str, q: &str| {
+            wl!(s, "{ind}{{");
+            wl!(s, "{ind}  const unsigned mi_c = {q} % {c}u, mi_r = {q} / {c}u * {vec}u;");
+            wl!(s, "{ind}  const {ty}* const mi_e = reinterpret_cast<const {ty}*>(&{v});");
+            wl!(s, "#pragma unroll");
+            wl!(
+                s,
+                "{ind}  for (unsigned j = 0; j < {vec}u; ++j) {dst}[{}] = mi_e[j];",
+                l.index(&format!("(mi_r + j) * {c}u + mi_c"))
+            );
+            wl!(s, "{ind}}}");
+        };
+        let src = |q: &str| format!("in{k} + base + {q} / {c}u * {vec}u + (long long)({q} % {c}u) * {stride}LL");
+        let per = chunks / nt;
+        if chunks.is_multiple_of(nt) && per <= 8 {
+            wl!(s, "    uint4 mi_v[{per}];");
+            wl!(s, "#pragma unroll");
+            wl!(s, "    for (unsigned u = 0; u < {per}u; ++u) {{");
+            wl!(s, "      const unsigned q = (unsigned)tid + u * (unsigned)NT;");
+            wl!(s, "      mi_v[u] = *reinterpret_cast<const uint4*>({});", src("q"));
+            wl!(s, "    }}");
+            wl!(s, "#pragma unroll");
+            wl!(s, "    for (unsigned u = 0; u < {per}u; ++u) {{");
+            wl!(s, "      const unsigned q = (unsigned)tid + u * (unsigned)NT;");
+            store(&mut s, "      ", "mi_v[u]", "q");
+            wl!(s, "    }}");
+        } else {
+            wl!(s, "    for (unsigned q = (unsigned)tid; q < {chunks}u; q += (unsigned)NT) {{");
+            wl!(s, "      const uint4 mi_v = *reinterpret_cast<const uint4*>({});", src("q"));
+            store(&mut s, "      ", "mi_v", "q");
+            wl!(s, "    }}");
+        }
+        s
     }
 
     /// Whether block input `k` (op `op`) is a graph input of which each block reads a tile of

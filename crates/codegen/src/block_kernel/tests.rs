@@ -296,3 +296,20 @@ fn online_attention_of_the_zoo_takes_the_wgmma_form_across_a_cluster_on_sm_90() 
         assert_eq!((v.form, v.v_norm, p80.cluster_dims), (AttentionForm::Mma, v_norm, [1, 1, 1]));
     }
 }
+
+#[test]
+fn transposed_tiles_are_copied_down_their_columns() {
+    use super::load::column_walk;
+    // A [256, 32] tile of `W.T` (W [4096, 4096] row-major): rows along the device dim of
+    // stride 1, so each 16-byte run goes down one column.
+    assert_eq!(column_walk(&[256, 32], &[1, 4096], 8), Some((256, 32, 4096)));
+    // With a leading dim of one (a batch of weights): the same walk, its stride aligned.
+    assert_eq!(column_walk(&[1, 128, 64], &[4096 * 4096, 1, 4096], 8), Some((128, 64, 4096)));
+    // Row-major tiles take the row copies; a column stride or row count off the 16-byte
+    // runs, a second dim of more than one, or a single column take the element copies.
+    assert_eq!(column_walk(&[256, 32], &[4096, 1], 8), None);
+    assert_eq!(column_walk(&[256, 32], &[1, 4100], 8), None);
+    assert_eq!(column_walk(&[4, 32], &[1, 4096], 8), None);
+    assert_eq!(column_walk(&[2, 128, 64], &[64, 1, 4096], 8), None);
+    assert_eq!(column_walk(&[256, 1], &[1, 4096], 8), None);
+}

@@ -600,7 +600,8 @@ fn skewed_warpgroup_attention_compiles() {
         return;
     }
     for dt in [DType::Float16, DType::Bfloat16] {
-        let g = one_kernel_attention(Attn { b: 2, h: 128, d: 64, s: 1024, splits: 1, frange: 16, qsplit: 1 }, dt, 256);
+        // 32 iterations, four a block of its cluster of eight.
+        let g = one_kernel_attention(Attn { b: 2, h: 128, d: 64, s: 2048, splits: 1, frange: 32, qsplit: 1 }, dt, 256);
         let p = generate(&g, &Options::for_arch(90)).unwrap();
         assert!(p.source.contains("constexpr int NT = 256;"), "{}", p.launch_summary());
         assert!(p.source.contains("mi::FlashWG<NT, 1, 128, 64, 64,"), "{}", p.launch_summary());

@@ -238,8 +238,9 @@ fn small_attention_grids_split_the_loop_across_a_cluster() {
 #[test]
 fn a_cluster_split_keeps_one_slot_of_partials_a_block() {
     // One block of 128 rows by 4096 keys splits over a cluster of eight: each block keeps its
-    // own partials (one slot for its two warpgroups' rows, 132 KiB of seven slots would not
-    // fit beside the stages in the first block), which the first block reads.
+    // own partials (one slot for its two warpgroups' rows) for the first block to read, so the
+    // cluster is not capped by the first block's shared memory (seven slots, 132 KiB, beside
+    // the stages would not fit).
     let one = Attn { b: 1, h: 128, s: 4096, splits: 1, frange: 16, ..attn() };
     let p = plan(&zoo::attention_online(one, F16).expect("zoo").ugraph, 90);
     assert_eq!((p.cluster, p.cluster_dims), (8, [8, 1, 1]));

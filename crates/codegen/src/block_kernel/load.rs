@@ -205,10 +205,12 @@ impl Ctx<'_> {
             }
             wl!(s, "    {scalar}");
             wl!(s, "  }}");
-        } else if let Some(walk) = (dev.storage != Storage::F32)
+        } else if let Some(walk) = (!producer && dev.storage != Storage::F32)
             .then(|| column_walk(tile, &dev.strides, 16 / dev.storage.size_bytes()))
             .flatten()
         {
+            // (Not in a warp-specialised producer: it runs on 24 registers, and its stage's
+            // full barrier tracks its `cp.async` copies.)
             s.push_str(&Self::column_copy(k, dst, &l, walk, dev.storage, nt));
             wl!(s, "  }} else {{");
             wl!(s, "    {scalar}");

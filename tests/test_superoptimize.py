@@ -480,3 +480,13 @@ def test_a_wave_of_96_streaming_blocks_is_among_the_first_candidates():
     # longer charges its wave's 36 idle SMs to DRAM, so it is among the first candidates.
     first = [grid for c in _gpu_candidate_forms(2, 4096, 6144)[:8] for grid, f in c if f > 1]
     assert (96, 1, 1) in first, first
+
+
+def test_a_slow_candidate_is_timed_for_a_bounded_time():
+    # 50 replays asked (profile_iters 1000, 20 launches a replay): a 10 µs kernel's replays
+    # (0.2 ms) all fit the 25 ms; a 600 µs kernel's (12 ms) get the minimum of three.
+    assert _autotune._replays_within(50, 20 * 10e-6) == 50
+    assert _autotune._replays_within(50, 20 * 100e-6) == 13
+    assert _autotune._replays_within(50, 20 * 600e-6) == 3
+    assert _autotune._replays_within(2, 20 * 600e-6) == 2
+    assert _autotune._replays_within(50, 0.0) == 50

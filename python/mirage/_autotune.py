@@ -97,6 +97,18 @@ _EARLY_STOP = 2.0
 _FINALIST_SPREAD = 0.05
 _FINALISTS = 4
 _FINAL_ROUNDS = 3
+#: Most seconds of timed replays one timing of a candidate takes beyond its first replay,
+#: whatever ``profile_iters`` asks (at least three replays): 1000 launches of a 600 µs
+#: candidate took 0.6 s, and a region of 128 such candidates 80 s.
+_TIMED_SECONDS = 0.025
+_MIN_REPLAYS = 3
+
+
+def _replays_within(reps: int, first_s: float) -> int:
+    """How many of ``reps`` timed replays to run when the first took ``first_s`` seconds:
+    those that fit `_TIMED_SECONDS`, at least `_MIN_REPLAYS` (never more than ``reps``)."""
+    fit = math.ceil(_TIMED_SECONDS / first_s) if first_s > 0 else reps
+    return min(reps, max(_MIN_REPLAYS, fit))
 
 
 def _finalists(timings: Mapping[str, float]) -> list[str]:
@@ -164,8 +176,9 @@ def _time_one(
         except RuntimeError:  # capture unsupported here: time plain launches
             torch.cuda.synchronize(device)
             graph = None
-        times = []
-        for rep in range(reps):
+        times: list[float] = []
+        rep = 0
+        while rep < reps:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -177,8 +190,11 @@ def _time_one(
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3 / inner)
-            if rep == 0 and bound is not None and times[0] > bound:
-                return times[0], "stopped early"
+            if rep == 0:
+                if bound is not None and times[0] > bound:
+                    return times[0], "stopped early"
+                reps = _replays_within(reps, times[0] * inner * 1e-6)
+            rep += 1
     return statistics.median(times), "cuda graph" if graph is not None else "launches"
 
 

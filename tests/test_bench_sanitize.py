@@ -66,3 +66,16 @@ def test_model_suite_winners_become_one_file_a_cell(sanitize, tmp_path):
     assert [n for n, _ in sanitize.model_winners([str(saved)], names[1], str(tmp_path))] == names[
         1:
     ]
+
+
+def test_a_saved_winner_tells_its_weight_layout(sanitize):
+    # The child draws a model cell's inputs in the layout the winner was searched with: a
+    # graph input with other than row-major strides (a transposed weight) means "linear".
+    import mirage as mi
+
+    for strides, layout in [(None, "rowmajor"), ((1, 64), "linear")]:
+        g = mi.new_kernel_graph()
+        x = g.new_input(dims=(4, 64), dtype=mi.float16)
+        w = g.new_input(dims=(64, 32), strides=strides, dtype=mi.float16)
+        g.mark_output(g.matmul(x, w))
+        assert sanitize.weight_layout(g.to_json()) == layout

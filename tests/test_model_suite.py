@@ -175,6 +175,40 @@ def test_both_norm_weight_forms_compute_the_same(ms):
         ms.input_specs(ms.DEFAULT[0], norm_weight="fold")
 
 
+def test_linear_weight_layout_reads_the_transposed_views_and_computes_the_same(ms):
+    # weights="linear": every projection weight is the transposed view of an (out, in) tensor,
+    # declared so in the graph; the interpreter gives the torch function's values, and the
+    # same draws as the row-major layout (the transposed tensor's values) give the same output.
+    for name in (
+        "qwen2.5-7b/gate_up/b1/fp16",
+        "mistral-7b/lora/b1/rank64/bf16",
+        "llama3-8b/mlp/b1/fp16",
+    ):
+        cell = ms.parse_cell(name)
+        specs = ms.input_specs(cell, 16)
+        g = ms.build_program(cell, scale=16, dtype="float32", weights="linear")
+        xs = ms.make_inputs(
+            cell, torch.Generator().manual_seed(3), scale=16, dtype="float32", weights="linear"
+        )
+        for x, sp in zip(xs, specs):
+            assert tuple(x.shape) == sp.dims
+            assert x.is_contiguous() != sp.weight, (name, sp.name)
+            if sp.weight:
+                assert x.stride() == ms.input_strides(sp, "linear") == (1, sp.dims[0])
+        (out,) = g(inputs=xs)
+        ref = ms.torch_fn(cell)(*[x.double() for x in xs])
+        assert _rel(out, ref) < 1e-5, name
+        rowmajor = ms.build_program(cell, scale=16, dtype="float32")
+        (same,) = rowmajor(inputs=[x.contiguous() for x in xs])
+        assert torch.allclose(out, same, rtol=1e-5, atol=1e-6)
+    assert any(sp.weight for sp in ms.input_specs(ms.parse_cell("llama3-8b/qkv/b1/fp16")))
+    assert not any(
+        sp.weight for sp in ms.input_specs(ms.parse_cell("llama3-8b/attn_decode/b8/kv4097/fp16"))
+    )
+    with pytest.raises(ValueError, match="weights"):
+        ms.input_strides(ms.input_specs(ms.DEFAULT[0])[0], "colmajor")
+
+
 def test_a_wrong_program_is_caught_by_the_same_comparison(ms):
     # The comparison above can fail: the graph of one program against another's function.
     cell = ms.parse_cell("llama3-8b/mlp/b1/fp16")

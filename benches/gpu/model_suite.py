@@ -350,6 +350,9 @@ class InputSpec:
     dims: Dims
     std: float = 1.0
     mean: float = 0.0
+    #: A projection weight (in, out): with the "linear" weight layout it is stored as
+    #: ``nn.Linear`` stores it, (out, in), and the program takes its transposed view.
+    weight: bool = False
 
 
 def _scaled_param(cell: Cell, scale: int) -> int:
@@ -361,6 +364,24 @@ def _scaled_param(cell: Cell, scale: int) -> int:
 #: of dims (1, .., 1, n), which the search fuses; "keyword", ``rms_norm(x, weight=w)`` with ``w``
 #: of dims (n,), which it does not search yet (every such search ends in ``SearchError``).
 NORM_WEIGHT_FORMS = ("mul", "keyword")
+
+
+#: How projection weights sit in memory: "rowmajor" (default), (in, out) as the programs read
+#: them; "linear", (out, in) as ``nn.Linear`` keeps them (and PyTorch's dynamo then passes the
+#: transposed view to a backend), so that each program reads W.T.
+WEIGHT_LAYOUTS = ("rowmajor", "linear")
+
+
+def input_strides(spec: InputSpec, weights: str = "rowmajor") -> tuple[int, ...] | None:
+    """The strides of a graph input in the ``weights`` layout: None (row-major), or for a
+    projection weight in the "linear" layout, those of the transposed view of an (out, in)
+    row-major tensor."""
+    if weights not in WEIGHT_LAYOUTS:
+        raise ValueError(f"weights must be one of {WEIGHT_LAYOUTS}, got {weights!r}")
+    if weights == "rowmajor" or not spec.weight:
+        return None
+    rows, _ = spec.dims
+    return (1, rows)
 
 
 def input_specs(cell: Cell, scale: int = 1, norm_weight: str = "mul") -> list[InputSpec]:
@@ -383,7 +404,7 @@ def input_specs(cell: Cell, scale: int = 1, norm_weight: str = "mul") -> list[In
         return [
             InputSpec("x", (b, h)),
             InputSpec("w_norm", wdims(h, 2), norm_w, 1.0),
-            InputSpec("w_qkv", (h, cfg.qkv_dim), h**-0.5),
+            InputSpec("w_qkv", (h, cfg.qkv_dim), h**-0.5, weight=True),
         ]
     if p in ("attn_decode", "attn_prefill", "qknorm"):
         s = _scaled_param(cell, scale)
@@ -401,30 +422,33 @@ def input_specs(cell: Cell, scale: int = 1, norm_weight: str = "mul") -> list[In
             ]
         return specs
     if p == "oproj":
-        return [InputSpec("a", (b, cfg.q_dim)), InputSpec("w_o", (cfg.q_dim, h), cfg.q_dim**-0.5)]
+        return [
+            InputSpec("a", (b, cfg.q_dim)),
+            InputSpec("w_o", (cfg.q_dim, h), cfg.q_dim**-0.5, weight=True),
+        ]
     if p == "gate_up":
         return [
             InputSpec("x", (b, h)),
             InputSpec("w_norm", wdims(h, 2), norm_w, 1.0),
-            InputSpec("w_gate", (h, i), h**-0.5),
-            InputSpec("w_up", (h, i), h**-0.5),
+            InputSpec("w_gate", (h, i), h**-0.5, weight=True),
+            InputSpec("w_up", (h, i), h**-0.5, weight=True),
         ]
     if p == "down":
-        return [InputSpec("h", (b, i)), InputSpec("w_down", (i, h), i**-0.5)]
+        return [InputSpec("h", (b, i)), InputSpec("w_down", (i, h), i**-0.5, weight=True)]
     if p == "mlp":
         return [
             InputSpec("x", (b, h)),
-            InputSpec("w_gate", (h, i), h**-0.5),
-            InputSpec("w_up", (h, i), h**-0.5),
-            InputSpec("w_down", (i, h), i**-0.5),
+            InputSpec("w_gate", (h, i), h**-0.5, weight=True),
+            InputSpec("w_up", (h, i), h**-0.5, weight=True),
+            InputSpec("w_down", (i, h), i**-0.5, weight=True),
         ]
     # lora on the query projection
     r = _scaled_param(cell, scale)
     return [
         InputSpec("x", (b, h)),
-        InputSpec("w", (h, cfg.q_dim), h**-0.5),
-        InputSpec("a", (h, r), h**-0.5),
-        InputSpec("b", (r, cfg.q_dim), r**-0.5),
+        InputSpec("w", (h, cfg.q_dim), h**-0.5, weight=True),
+        InputSpec("a", (h, r), h**-0.5, weight=True),
+        InputSpec("b", (r, cfg.q_dim), r**-0.5, weight=True),
     ]
 
 
@@ -486,16 +510,21 @@ def _rms(g: mi.KNGraph, x: mi.DTensor, n: int, w: mi.DTensor, eps: float, form: 
 
 
 def build_program(
-    cell: Cell, scale: int = 1, dtype: str | None = None, norm_weight: str = "mul"
+    cell: Cell,
+    scale: int = 1,
+    dtype: str | None = None,
+    norm_weight: str = "mul",
+    weights: str = "rowmajor",
 ) -> mi.KNGraph:
     """The cell's user program, built op by op with the public kernel-graph API, at ``scale``
-    and in ``dtype`` (default: the cell's), norm weights applied in the ``norm_weight`` form."""
+    and in ``dtype`` (default: the cell's), norm weights applied in the ``norm_weight`` form,
+    projection weights in the ``weights`` layout."""
     specs = input_specs(cell, scale, norm_weight)
     cfg = cell.config
     eps = graph_eps(cfg)
     g = mi.new_kernel_graph()
     dt = dtype or cell.dtype
-    xs = [g.new_input(dims=s.dims, dtype=dt) for s in specs]
+    xs = [g.new_input(dims=s.dims, strides=input_strides(s, weights), dtype=dt) for s in specs]
     act = g.silu if cfg.act == "silu" else g.gelu
     p = cell.program
     if p == "qkv":
@@ -598,12 +627,17 @@ def make_inputs(
     scale: int = 1,
     dtype: str | None = None,
     norm_weight: str = "mul",
+    weights: str = "rowmajor",
 ) -> list[torch.Tensor]:
     """Fresh random inputs of the cell (see ``input_specs``), drawn in float32 from ``gen``
-    and rounded to ``dtype`` (default: the cell's)."""
+    and rounded to ``dtype`` (default: the cell's); projection weights in the ``weights``
+    layout (with "linear", the transposed view of an (out, in) tensor)."""
     dt = getattr(torch, dtype or cell.dtype)
     out = []
     for s in input_specs(cell, scale, norm_weight):
-        x = torch.randn(*s.dims, generator=gen, device=device, dtype=torch.float32)
-        out.append((x * s.std + s.mean).to(dt))
+        linear = input_strides(s, weights) is not None
+        stored = s.dims[::-1] if linear else s.dims
+        x = torch.randn(*stored, generator=gen, device=device, dtype=torch.float32)
+        x = (x * s.std + s.mean).to(dt)
+        out.append(x.t() if linear else x)
     return out

@@ -186,7 +186,7 @@ def search(cell: ms.Cell, rec: dict[str, Any], args: argparse.Namespace) -> Any:
     config = ms.PROGRAMS[cell.program].config
     t0 = time.perf_counter()
     try:
-        g = ms.build_program(cell, norm_weight=args.norm_weight)
+        g = ms.build_program(cell, norm_weight=args.norm_weight, weights=args.weights)
         best = g.superoptimize(
             backend="cuda",
             config=config,
@@ -254,7 +254,8 @@ def check_and_time(cell: ms.Cell, rec: dict[str, Any], best: Any, args: argparse
 
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(cell.name.encode()))
     sets = [
-        ms.make_inputs(cell, gen, "cuda", norm_weight=args.norm_weight) for _ in range(rec["sets"])
+        ms.make_inputs(cell, gen, "cuda", norm_weight=args.norm_weight, weights=args.weights)
+        for _ in range(rec["sets"])
     ]
     refs = [reference64(cell, xs) for xs in sets[: min(2, len(sets))]]
     tol = TOL[cell.dtype]
@@ -541,6 +542,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "rms_norm(x, weight=w), which the search does not fuse yet",
     )
     run.add_argument(
+        "--weights",
+        choices=ms.WEIGHT_LAYOUTS,
+        default="rowmajor",
+        help="projection weights (in, out) row-major (default), or 'linear': (out, in) as "
+        "nn.Linear keeps them, each program reading the transposed view",
+    )
+    run.add_argument(
         "--search-budget",
         type=float,
         default=None,
@@ -805,6 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compile_mode": bench.COMPILE_MODE,
         "eps_supported": ms.eps_supported(),
         "norm_weight": args.norm_weight,
+        "weights": args.weights,
         "search_target_s": SEARCH_TARGET_S,
         "selected": [c.name for c in args.selected],
     }

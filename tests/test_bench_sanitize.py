@@ -78,4 +78,4 @@ def test_a_saved_winner_tells_its_weight_layout(sanitize):
         x = g.new_input(dims=(4, 64), dtype=mi.float16)
         w = g.new_input(dims=(64, 32), strides=strides, dtype=mi.float16)
         g.mark_output(g.matmul(x, w))
-        assert sanitize.weight_layout(g.to_json()) == layout
+        assert sanitize.weight_layout(mi.from_json(g.to_json())) == layout

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import re
 import shutil
@@ -102,14 +101,13 @@ def run_child(path: str, kind: str, seed: int) -> dict[str, Any]:
     from mirage import _cuda
 
     with open(path, encoding="utf-8") as f:
-        text = f.read()
-    graph = mi.from_json(text)
+        graph = mi.from_json(f.read())
     gen = torch.Generator(device="cuda").manual_seed(seed)
     if kind.startswith(MODEL_KIND):
         import models
 
         cell = models.ms.parse_cell(kind[len(MODEL_KIND) :])
-        xs = models.ms.make_inputs(cell, gen, "cuda", weights=weight_layout(text))
+        xs = models.ms.make_inputs(cell, gen, "cuda", weights=weight_layout(graph))
         ref, tol = (lambda: models.reference64(cell, xs)), models.TOL[cell.dtype]
     else:
         dims = [tuple(t.dims) for t in graph.inputs]
@@ -121,18 +119,11 @@ def run_child(path: str, kind: str, seed: int) -> dict[str, Any]:
     return {"rel_err": err, "ok": err < tol}
 
 
-def weight_layout(graph_json: str) -> str:
-    """The model suite's weight layout a saved winner was searched with: "linear" where a
-    graph input is a transposed view (explicit strides other than row-major), else
-    "rowmajor"."""
-    for op in json.loads(graph_json)["graph"]["ops"]:
-        k = op["kind"]
-        if k["kind"] == "input" and k.get("strides") is not None:
-            dims, strides = k["dims"], k["strides"]
-            row_major = [math.prod(dims[i + 1 :]) for i in range(len(dims))]
-            if any(d > 1 and s != r for d, s, r in zip(dims, strides, row_major)):
-                return "linear"
-    return "rowmajor"
+def weight_layout(graph: Any) -> str:
+    """The model suite's weight layout a loaded winner was searched with: "linear" where a
+    graph input is a transposed view (a loaded graph keeps the layouts other than row-major),
+    else "rowmajor"."""
+    return "linear" if graph._explicit_strides else "rowmajor"
 
 
 def model_winners(files: Sequence[str], cells: str | None, workdir: str) -> list[tuple[str, str]]:

@@ -135,7 +135,7 @@ def prepare_inputs(specs: Sequence[InputSpec], inputs: Any) -> tuple[list[bytes]
 def _apply_layout(a: Any, strides: Sequence[int], is_torch: bool) -> Any:
     """Returns ``a`` (row-major) re-laid out with the dense ``strides`` (in elements)."""
     dims = tuple(a.shape)
-    if _layout_matches(dims, _row_major(dims), strides):
+    if _layout_matches(dims, row_major(dims), strides):
         return a
     order = sorted(range(len(dims)), key=lambda d: (-strides[d], d))
     inverse = [order.index(d) for d in range(len(dims))]
@@ -144,7 +144,8 @@ def _apply_layout(a: Any, strides: Sequence[int], is_torch: bool) -> Any:
     return np.ascontiguousarray(a.transpose(order)).transpose(inverse)
 
 
-def _row_major(dims: Sequence[int]) -> tuple[int, ...]:
+def row_major(dims: Sequence[int]) -> tuple[int, ...]:
+    """The strides (in elements) of a dense row-major tensor of ``dims``."""
     out = [1] * len(dims)
     for d in range(len(dims) - 2, -1, -1):
         out[d] = out[d + 1] * dims[d + 1]

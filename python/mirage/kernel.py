@@ -15,20 +15,13 @@ from . import _compat, _core, _cuda
 from ._args import MAX_NUMEL, as_dims, as_eps, as_float, as_int
 from ._dtypes import DType, as_dtype, float16
 from ._ops import install_unary_methods
-from ._runtime import InputSpec, as_input_list, build_outputs, prepare_inputs
+from ._runtime import InputSpec, as_input_list, build_outputs, prepare_inputs, row_major
 from .tensor import DTensor
 from .threadblock import TBGraph
 
 __all__ = ["KNGraph"]
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-def _row_major(dims: Sequence[int]) -> tuple[int, ...]:
-    out = [1] * len(dims)
-    for d in range(len(dims) - 2, -1, -1):
-        out[d] = out[d + 1] * dims[d + 1]
-    return tuple(out)
 
 
 class _FromJson:
@@ -68,7 +61,7 @@ class KNGraph:
         # A loaded graph: a non-row-major input layout was necessarily given explicitly.
         for tid in core.input_ids():
             strides = tuple(core.input_strides(tid))
-            if strides != _row_major(core.tensor_dims(tid)):
+            if strides != row_major(core.tensor_dims(tid)):
                 self._explicit_strides[tid] = strides
 
     # ----------------------------------------------------------------- helpers

@@ -224,9 +224,9 @@ impl Ctx<'_> {
 
     /// The aligned branch of a [`column_walk`] tile's copy (opening `if`, no closing brace):
     /// each thread reads a run of `vec` elements down one column in one 16-byte load and
-    /// stores them into the column's rows. A warp's 32 threads take 32 adjacent columns, so
-    /// that each store instruction writes consecutive elements of one row (no bank conflicts)
-    /// and each of the column's 16-byte runs is read once (the element copies read a column
+    /// stores them into the column's rows. Consecutive threads take adjacent columns, so that
+    /// each store instruction writes consecutive elements of a row (no bank conflicts) and
+    /// each of a column's 16-byte runs is read once (the element copies read a column
     /// with a device stride between neighbouring threads: each 2-byte load its own sector).
     /// Plain loads, not `cp.async` (whose 16 bytes land contiguous in shared memory): up to
     /// eight a thread are issued before their stores.

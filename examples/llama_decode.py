@@ -189,9 +189,13 @@ def cache_rewinder(cache: Any) -> Callable[[], None]:
     return rewind
 
 
-def time_step(dec: Decoder, warmup: int, replays: int, calls: int) -> float:
+def time_step(
+    dec: Decoder, warmup: int, replays: int, calls: int, kernels: int = 0
+) -> tuple[float, list[dict[str, Any]]]:
     """Median µs of one decode step replayed in a CUDA graph of ``calls`` steps (the cache's
-    write positions rewound before each replay)."""
+    write positions rewound before each replay), and with ``kernels`` > 0 the step's
+    ``kernels`` costliest GPU kernels (µs per step and launches per step, from
+    torch.profiler over three more replays)."""
     rewind = cache_rewinder(dec.cache)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -218,8 +222,47 @@ def time_step(dec: Decoder, warmup: int, replays: int, calls: int) -> float:
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / calls)
+    top: list[dict[str, Any]] = []
+    if kernels > 0:
+        try:
+            top = kernel_table(graph, rewind, calls, kernels)
+        except Exception as e:  # noqa: BLE001 - a listing is optional; the timing stands
+            top = [{"kernel": f"(profiler failed: {e})", "us": 0.0, "launches": 0}]
     del graph
-    return statistics.median(times)
+    return statistics.median(times), top
+
+
+def kernel_table(
+    graph: torch.cuda.CUDAGraph, rewind: Callable[[], None], calls: int, n: int
+) -> list[dict[str, Any]]:
+    """The ``n`` kernels of the replayed graph with the most GPU time, per decode step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    reps = 3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            rewind()
+            graph.replay()
+        torch.cuda.synchronize()
+    per = reps * calls
+    rows = []
+    for e in prof.key_averages():
+        us = float(
+            getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0)
+        )
+        if us > 0 and e.count >= per:
+            rows.append(
+                {
+                    "kernel": e.key[:90],
+                    "us": round(us / per, 2),
+                    "launches": round(e.count / per, 2),
+                }
+            )
+    rows.sort(key=lambda r: -r["us"])
+    total = round(sum(r["us"] for r in rows), 1)
+    return [
+        {"kernel": "(all kernels)", "us": total, "launches": sum(r["launches"] for r in rows)}
+    ] + rows[:n]
 
 
 def mirage_searches() -> int:
@@ -377,10 +420,15 @@ def run_case(args: argparse.Namespace, batch: int, dtype_name: str) -> dict[str,
                 for s in r["searches"]
             ]
         if args.device == "cuda" and not args.no_timing:
-            entry["step_us"] = round(time_step(dec, args.warmup, args.replays, args.calls), 2)
+            us, top = time_step(dec, args.warmup, args.replays, args.calls, args.kernels)
+            entry["step_us"] = round(us, 2)
+            if top:
+                entry["kernels"] = top
         row["modes"][name] = entry
-        shown = {k: v for k, v in entry.items() if k != "regions"}
+        shown = {k: v for k, v in entry.items() if k not in ("regions", "kernels")}
         print(f"  b={batch} {dtype_name} {name:<34} {shown}", flush=True)
+        for k in entry.get("kernels", []):
+            print(f"      {k['us']:9.2f} us  x{k['launches']:<6} {k['kernel']}", flush=True)
         del dec
     timed = {k: v["step_us"] for k, v in row["modes"].items() if "step_us" in v}
     inductor = [v for k, v in timed.items() if k.startswith("inductor")]
@@ -409,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--calls", type=int, default=10, help="decode steps per CUDA graph")
+    p.add_argument("--kernels", type=int, default=0, help="list the N costliest kernels per step")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument(

@@ -11,6 +11,9 @@ use crate::types::{numel, row_major_strides};
 const PARALLEL_MATMUL: usize = 1 << 22;
 /// Most output rows of a parallel matmul one task computes.
 const MATMUL_BAND_ROWS: usize = 32;
+/// Most elements of `b` a column-block task of a few-row matmul copies (about 12 MB of field
+/// elements).
+const MATMUL_BLOCK_ELEMS: usize = 1 << 20;
 /// Softmaxes over at least this many elements run their rows in parallel.
 const PARALLEL_ELEMENTWISE: usize = 1 << 16;
 
@@ -100,11 +103,15 @@ impl<S: Scalar> Tensor<S> {
             return Tensor { dims, data };
         }
         if batch * m * n * k >= PARALLEL_MATMUL {
+            let threads = rayon::current_num_threads();
+            if batch * m < 8 * threads && n >= 128 {
+                self.matmul_column_blocks(o, (batch, m, k, n), threads, &mut data);
+                return Tensor { dims, data };
+            }
             // Bands of output rows per task, each band sharing its batch's `b` (whole-output
             // verification multiplies 4096-wide weights).
             // A few tasks a thread, each of 8 to MATMUL_BAND_ROWS rows of one batch (a domain
             // may prepare `b` once per task); one row a task when there are few rows.
-            let threads = rayon::current_num_threads();
             let band = if batch * m < 8 * threads {
                 1
             } else {
@@ -126,6 +133,47 @@ impl<S: Scalar> Tensor<S> {
             S::matmul_rows(&mut data[bt * m * n..(bt + 1) * m * n], a, b, k);
         }
         Tensor { dims, data }
+    }
+
+    /// [`Tensor::matmul`] for few output rows (decode-shaped, as whole-output verification of
+    /// a GEMV multiplies them): one task per batch and block of `b`'s columns, which copies its
+    /// block (contiguous, so [`Scalar::matmul_rows`] prepares it once for all the batch's rows)
+    /// and computes those columns of every row. Row tasks alone would leave cores idle (one
+    /// task per row, one in all for a single row).
+    fn matmul_column_blocks(
+        &self,
+        o: &Tensor<S>,
+        (batch, m, k, n): (usize, usize, usize, usize),
+        threads: usize,
+        data: &mut [S],
+    ) {
+        let per_batch = (4 * threads).div_ceil(batch).max(1);
+        let cap = (MATMUL_BLOCK_ELEMS / k.max(1)).max(64);
+        let cols = n.div_ceil(per_batch).next_multiple_of(64).clamp(64, cap);
+        let blocks = n.div_ceil(cols);
+        let parts: Vec<Vec<S>> = (0..batch * blocks)
+            .into_par_iter()
+            .map(|t| {
+                let (bt, j0) = (t / blocks, (t % blocks) * cols);
+                let w = cols.min(n - j0);
+                let b = &o.data[bt * k * n..(bt + 1) * k * n];
+                let mut bb = Vec::with_capacity(k * w);
+                for row in b.chunks(n) {
+                    bb.extend_from_slice(&row[j0..j0 + w]);
+                }
+                let mut c = vec![S::zero(); m * w];
+                S::matmul_rows(&mut c, &self.data[bt * m * k..(bt + 1) * m * k], &bb, k);
+                c
+            })
+            .collect();
+        for (t, c) in parts.iter().enumerate() {
+            let (bt, j0) = (t / blocks, (t % blocks) * cols);
+            let w = cols.min(n - j0);
+            for (i, row) in c.chunks(w).enumerate() {
+                let at = (bt * m + i) * n + j0;
+                data[at..at + w].copy_from_slice(row);
+            }
+        }
     }
 
     /// Splits dims around `dim` into (outer, len, inner) extents.
@@ -343,6 +391,25 @@ mod tests {
                 for j in (0..n).step_by(7) {
                     let s: f64 = (0..k).map(|kk| a.data[(bt * m + i) * k + kk] * b.data[(bt * k + kk) * n + j]).sum();
                     assert_eq!(c.data[(bt * m + i) * n + j], s, "batch {bt} row {i} col {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn few_row_matmul_column_blocks_equal_plain_sums() {
+        // Decode-shaped: 1 and 3 rows, n not a multiple of the column block, two batches.
+        for (batch, m, k, n) in [(1, 1, 4096, 1100), (2, 3, 1024, 1500)] {
+            assert!(batch * m * k * n >= PARALLEL_MATMUL);
+            let (a, b) = (ints(&[batch, m, k], 4), ints(&[batch, k, n], 5));
+            let c = a.matmul(&b);
+            for bt in 0..batch {
+                for i in 0..m {
+                    for j in (0..n).step_by(13).chain([n - 1]) {
+                        let s: f64 =
+                            (0..k).map(|kk| a.data[(bt * m + i) * k + kk] * b.data[(bt * k + kk) * n + j]).sum();
+                        assert_eq!(c.data[(bt * m + i) * n + j], s, "batch {bt} row {i} col {j}");
+                    }
                 }
             }
         }

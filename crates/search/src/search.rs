@@ -678,10 +678,10 @@ fn build_graph(reference: &KernelGraph, ctx: &Ctx<'_>, steps: &[KStep], choice: 
                 KernelOpKind::Binary { op } => g.binary(*op, inputs[0], inputs[1])?,
                 KernelOpKind::Reduction { dim } => g.reduction(inputs[0], *dim as i64)?,
                 KernelOpKind::Softmax { dim } => g.softmax(inputs[0], *dim as i64)?,
-                KernelOpKind::RmsNorm { .. } => {
+                KernelOpKind::RmsNorm { eps, .. } => {
                     let d = &g.tensor(inputs[0])?.dims;
                     let last = d[d.len() - 1..].to_vec();
-                    g.rms_norm(inputs[0], &last, inputs.get(1).copied())?
+                    g.rms_norm_eps(inputs[0], &last, inputs.get(1).copied(), *eps)?
                 }
                 other => {
                     return Err(SearchError::Unsupported {

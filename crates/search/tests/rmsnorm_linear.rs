@@ -144,3 +144,30 @@ fn with_eps_the_fused_form_carries_the_reference_eps() {
         }
     }
 }
+
+#[test]
+fn an_unfused_rms_norm_keeps_the_references_eps() {
+    // With no customized kernel allowed, the only plans are the reference's own kernels: the
+    // rms_norm the search emits must carry the reference's eps (else no candidate computes it).
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[8, 64], DType::Float16, None).expect("input");
+    let w = g.new_input(&[64], DType::Float16, None).expect("input");
+    let wl = g.new_input(&[64, 32], DType::Float16, None).expect("input");
+    let xn = g.rms_norm_eps(x, &[64], Some(w), 1e-5).expect("rms_norm");
+    let y = g.matmul(xn, wl).expect("matmul");
+    g.mark_output(y, None).expect("output");
+    let cfg = SearchConfig { max_customized_ops: 0, ..SearchConfig::default() };
+    let r = superoptimize(&g, &cfg).expect("search runs");
+    let c = best(&r);
+    assert!(verify_candidate(&g, &c.graph, &VerifyOptions::default()).passed(), "{}", describe(&c.graph));
+    let eps: Vec<f32> = c
+        .graph
+        .ops
+        .iter()
+        .filter_map(|o| match o.kind {
+            mirage_ugraph::KernelOpKind::RmsNorm { eps, .. } => Some(eps),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(eps, vec![1e-5], "{}", describe(&c.graph));
+}

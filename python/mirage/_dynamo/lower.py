@@ -319,14 +319,19 @@ class _Lowering:
         return self.rms_norm(self.val(p.x), p.eps, weight)
 
     def rms_norm(self, x: Val, eps: float, weight: Any) -> Val:
-        """``rms_norm(x, eps)`` over the last dim, times ``weight`` as a broadcast ``mul`` (the
-        search fuses that form; a weighted kernel ``rms_norm`` it does not)."""
+        """``rms_norm(x, eps)`` over the last dim with ``weight``: a 1-d weight of that dim as
+        the op's own weight (one kernel op, which the search fuses as it does the broadcast
+        ``mul``, and which leaves a plan that keeps the norm a kernel of its own within the
+        ``mlp`` preset's two kernel ops), any other as a broadcast ``mul``."""
         k = x.t.dims[-1]
+        if weight is not None and not isinstance(weight, Ref):
+            raise Unsupported("an rms_norm weight that is computed")
+        if weight is not None and tuple(self._real(weight).shape) == (k,):
+            w1 = self.val(weight, weight_like=True)
+            return Val(self.g.rms_norm(x.t, normalized_shape=(k,), weight=w1.t, eps=eps), x.act)
         y = Val(self.g.rms_norm(x.t, normalized_shape=(k,), eps=eps), x.act)
         if weight is None:
             return y
-        if not isinstance(weight, Ref):
-            raise Unsupported("an rms_norm weight that is computed")
         w = self._lifted(weight, len(x.t.dims))
         if tuple(w.t.dims) != (1,) * (len(x.t.dims) - 1) + (k,):
             raise Unsupported(f"an rms_norm weight of dims {tuple(w.t.dims)} for rows of {k}")

@@ -81,6 +81,21 @@ pub trait Scalar: Copy + Send + Sync + std::fmt::Debug + 'static {
             Self::matmul_row(crow, arow, b);
         }
     }
+    /// Columns `j0..j0 + w` of [`Scalar::matmul_rows`], `b` read in place with its `k` rows
+    /// `ldb` apart: `c` holds `a.len() / k` rows of `w = c.len() / rows` elements and gets
+    /// `c[i] += a[i] b[.., j0..j0 + w]`, summed in `kk` order by [`Scalar::mul_acc`].
+    #[inline]
+    fn matmul_cols(c: &mut [Self], a: &[Self], b: &[Self], k: usize, ldb: usize, j0: usize) {
+        let rows = a.len().checked_div(k).unwrap_or(0);
+        let w = c.len().checked_div(rows).unwrap_or(0);
+        for (crow, arow) in c.chunks_mut(w.max(1)).zip(a.chunks(k.max(1))) {
+            for (kk, &av) in arow.iter().enumerate() {
+                for (cv, &bv) in crow.iter_mut().zip(&b[kk * ldb + j0..kk * ldb + j0 + w]) {
+                    *cv = cv.mul_acc(av, bv);
+                }
+            }
+        }
+    }
 }
 
 /// Float domains: IEEE arithmetic, `gelu` in its erf form.

@@ -11,8 +11,8 @@ use crate::types::{numel, row_major_strides};
 const PARALLEL_MATMUL: usize = 1 << 22;
 /// Most output rows of a parallel matmul one task computes.
 const MATMUL_BAND_ROWS: usize = 32;
-/// Most elements of `b` a column-block task of a few-row matmul copies (about 12 MB of field
-/// elements).
+/// Most elements of `b` a column-block task of a few-row matmul reads (a field domain makes
+/// residue planes of them: about 8 MB).
 const MATMUL_BLOCK_ELEMS: usize = 1 << 20;
 /// Softmaxes over at least this many elements run their rows in parallel.
 const PARALLEL_ELEMENTWISE: usize = 1 << 16;
@@ -136,9 +136,8 @@ impl<S: Scalar> Tensor<S> {
     }
 
     /// [`Tensor::matmul`] for few output rows (decode-shaped, as whole-output verification of
-    /// a GEMV multiplies them): one task per batch and block of `b`'s columns, which copies its
-    /// block (contiguous, so [`Scalar::matmul_rows`] prepares it once for all the batch's rows)
-    /// and computes those columns of every row. Row tasks alone would leave cores idle (one
+    /// a GEMV multiplies them): one task per batch and block of `b`'s columns, which computes
+    /// those columns of every row of the batch ([`Scalar::matmul_cols`], `b` read in place). Row tasks alone would leave cores idle (one
     /// task per row, one in all for a single row).
     fn matmul_column_blocks(
         &self,
@@ -157,12 +156,8 @@ impl<S: Scalar> Tensor<S> {
                 let (bt, j0) = (t / blocks, (t % blocks) * cols);
                 let w = cols.min(n - j0);
                 let b = &o.data[bt * k * n..(bt + 1) * k * n];
-                let mut bb = Vec::with_capacity(k * w);
-                for row in b.chunks(n) {
-                    bb.extend_from_slice(&row[j0..j0 + w]);
-                }
                 let mut c = vec![S::zero(); m * w];
-                S::matmul_rows(&mut c, &self.data[bt * m * k..(bt + 1) * m * k], &bb, k);
+                S::matmul_cols(&mut c, &self.data[bt * m * k..(bt + 1) * m * k], b, k, n, j0);
                 c
             })
             .collect();

@@ -401,6 +401,12 @@ impl Scalar for Fp {
         crate::fmatmul::matmul_rows(c, a, b, k)
     }
 
+    /// As [`Scalar::matmul_rows`] over a block of `b`'s columns, its planes made from those
+    /// columns only.
+    fn matmul_cols(c: &mut [Self], a: &[Self], b: &[Self], k: usize, ldb: usize, j0: usize) {
+        crate::fmatmul::matmul_cols(c, a, b, k, ldb, j0)
+    }
+
     #[inline]
     fn div(self, o: Self) -> Self {
         Fp { p: mulmod_p(self.p, inv_p(o.p)), q: qop(self.q, inv_q(o.q), mulmod_q), w: self.ctx(o) }

@@ -73,27 +73,62 @@ fn pick_lanes() -> Lanes {
 /// `c[i] += a[i] b` for each row `i` of `c` (`k` elements of `a` a row; `b` is `k x n`).
 pub(crate) fn matmul_rows(c: &mut [Fp], a: &[Fp], b: &[Fp], k: usize) {
     let n = b.len().checked_div(k).unwrap_or(0);
-    if n == 0 {
+    matmul_cols(c, a, b, k, n, 0);
+}
+
+/// Columns `j0..j0 + w` of [`matmul_rows`] with `b` of `k` rows `ldb` apart: `c` holds
+/// `a.len() / k` rows of `w = c.len() / rows` elements, `c[i] += a[i] b[.., j0..j0 + w]`. Only
+/// those columns of `b` are read (a block of a wide weight needs no copy of its own).
+pub(crate) fn matmul_cols(c: &mut [Fp], a: &[Fp], b: &[Fp], k: usize, ldb: usize, j0: usize) {
+    let rows = a.len().checked_div(k).unwrap_or(0);
+    let n = c.len().checked_div(rows).unwrap_or(0);
+    if n == 0 || k == 0 {
         return;
     }
-    let rows = c.len() / n;
     if rows < MIN_ROWS {
         for (crow, arow) in c.chunks_mut(n).zip(a.chunks(k)) {
-            row_by_elements(crow, arow, b);
+            row_cols(crow, arow, b, ldb, j0);
         }
         return;
     }
     let kernel = pick_lanes();
-    let bp: Vec<u32> = b.iter().map(|x| x.p).collect();
-    let bq: Vec<u32> = b.iter().map(|x| if x.q == POISON { 0 } else { x.q }).collect();
-    let mut col_poison = vec![false; n];
-    let mut col_w = vec![0u32; n];
-    for brow in b.chunks(n) {
-        for ((z, v), x) in col_poison.iter_mut().zip(col_w.iter_mut()).zip(brow) {
-            *z |= x.q == POISON;
-            *v = (*v).max(x.w);
+    // One pass over the block of `b`: its residue planes (in this thread's reused buffers: a
+    // fresh allocation of a wide weight's planes costs more in page faults than the pass) and
+    // the poison and `w` of each column.
+    PLANES.with(|cell| {
+        let mut planes = cell.borrow_mut();
+        let (bp, bq) = &mut *planes;
+        bp.clear();
+        bq.clear();
+        let mut col_poison = vec![false; n];
+        let mut col_w = vec![0u32; n];
+        for kk in 0..k {
+            let brow = &b[kk * ldb + j0..kk * ldb + j0 + n];
+            bp.extend(brow.iter().map(|x| x.p));
+            bq.extend(brow.iter().map(|x| if x.q == POISON { 0 } else { x.q }));
+            for ((z, v), x) in col_poison.iter_mut().zip(col_w.iter_mut()).zip(brow) {
+                *z |= x.q == POISON;
+                *v = (*v).max(x.w);
+            }
         }
-    }
+        blocked(c, a, (bp, bq), (&col_poison, &col_w), (rows, k, n), kernel);
+    });
+}
+
+thread_local! {
+    /// Residue planes of the current block of `b`, reused by each thread's calls.
+    static PLANES: std::cell::RefCell<(Vec<u32>, Vec<u32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The blocked sums of [`matmul_cols`] over `b`'s planes (`k x n`, unit stride).
+fn blocked(
+    c: &mut [Fp],
+    a: &[Fp],
+    (bp, bq): (&[u32], &[u32]),
+    (col_poison, col_w): (&[bool], &[u32]),
+    (rows, k, n): (usize, usize, usize),
+    kernel: Lanes,
+) {
     let every_col_poisoned = col_poison.iter().all(|&z| z);
     let ap: Vec<u32> = a.iter().map(|x| x.p).collect();
     let aq: Vec<u32> = a.iter().map(|x| x.q).collect();
@@ -137,6 +172,11 @@ pub(crate) fn matmul_rows(c: &mut [Fp], a: &[Fp], b: &[Fp], k: usize) {
 
 /// One row, element by element (no split of `b`): the kernel for a few rows.
 pub(crate) fn row_by_elements(c: &mut [Fp], a: &[Fp], b: &[Fp]) {
+    row_cols(c, a, b, c.len(), 0)
+}
+
+/// [`row_by_elements`] over columns `j0..j0 + c.len()` of `b`, whose rows are `ldb` apart.
+fn row_cols(c: &mut [Fp], a: &[Fp], b: &[Fp], ldb: usize, j0: usize) {
     const P2: u64 = P * P;
     const Q2: u64 = Q * Q;
     let n = c.len();
@@ -147,7 +187,7 @@ pub(crate) fn row_by_elements(c: &mut [Fp], a: &[Fp], b: &[Fp]) {
     let a_poison = a.iter().any(|x| x.q == POISON);
     let a_w = a.iter().map(|x| x.w).max().unwrap_or(0);
     for (kk, av) in a.iter().enumerate() {
-        let brow = &b[kk * n..(kk + 1) * n];
+        let brow = &b[kk * ldb + j0..kk * ldb + j0 + n];
         // A poisoned exponent residue makes the q sums meaningless: they are dropped below.
         let (ap, aq) = (av.p as u64, if av.q == POISON { 0 } else { av.q as u64 });
         for ((((x, y), z), v), bv) in
@@ -198,6 +238,7 @@ mod tests {
         c0[3 * n + 11].q = POISON;
         let mut fast = c0.clone();
         matmul_rows(&mut fast, &a, &b, k);
+        let c0_rows = c0.clone();
         let mut slow = c0;
         for i in 0..rows {
             for kk in 0..k {
@@ -208,5 +249,17 @@ mod tests {
         }
         assert_eq!(fast, slow);
         assert!(fast[2 * n].is_poisoned() && fast[COLS + 3].is_poisoned() && !fast[n].is_poisoned());
+        // A block of columns of the same `b`, read in place, many rows and one.
+        for r in [rows, 1] {
+            let (j0, w) = (COLS - 5, 41);
+            let mut part: Vec<Fp> = (0..r).flat_map(|i| c_row(&c0_rows, i, n, j0, w)).collect();
+            matmul_cols(&mut part, &a[..r * k], &b, k, n, j0);
+            let want: Vec<Fp> = (0..r).flat_map(|i| c_row(&slow, i, n, j0, w)).collect();
+            assert_eq!(part, want, "{r} rows");
+        }
+    }
+
+    fn c_row(c: &[Fp], i: usize, n: usize, j0: usize, w: usize) -> Vec<Fp> {
+        c[i * n + j0..i * n + j0 + w].to_vec()
     }
 }

@@ -112,8 +112,15 @@ pub(crate) fn matmul_cols(c: &mut [Fp], a: &[Fp], b: &[Fp], k: usize, ldb: usize
             }
         }
         blocked(c, a, (bp, bq), (&col_poison, &col_w), (rows, k, n), kernel);
+        if bp.capacity() > RETAINED_PLANE {
+            *planes = (Vec::new(), Vec::new());
+        }
     });
 }
+
+/// Most elements of a plane a thread keeps between calls (a column block of a few-row matmul
+/// is at most `2^20`; a whole wide weight, planed by a band of rows, is let go).
+const RETAINED_PLANE: usize = 1 << 21;
 
 thread_local! {
     /// Residue planes of the current block of `b`, reused by each thread's calls.

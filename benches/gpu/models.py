@@ -539,7 +539,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=ms.NORM_WEIGHT_FORMS,
         default="mul",
         help="how programs apply RMSNorm weights: mul(rms_norm(x), w) (default) or "
-        "rms_norm(x, weight=w), which the search does not fuse yet",
+        "rms_norm(x, weight=w), which the search fuses into the same kernel",
     )
     run.add_argument(
         "--weights",

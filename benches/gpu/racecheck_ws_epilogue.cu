@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(512, 1) epilogue(const float4* g, float* out) 
     return;
   }
   asm volatile(
-      "{\n.reg .pred p;\nW:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n@!p bra W;\n}\n" ::"r"(fb)
+      "{\n.reg .pred p;\nRC_WAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n@!p bra RC_WAIT_%=;\n}\n" ::"r"(fb)
       : "memory");
   float acc = 0.0f;  // the loop: every consumer reads a slice of the stage
   for (int j = 0; j < 2 * ROWS / 384 + 1; ++j) {

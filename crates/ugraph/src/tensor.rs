@@ -137,8 +137,8 @@ impl<S: Scalar> Tensor<S> {
 
     /// [`Tensor::matmul`] for few output rows (decode-shaped, as whole-output verification of
     /// a GEMV multiplies them): one task per batch and block of `b`'s columns, which computes
-    /// those columns of every row of the batch ([`Scalar::matmul_cols`], `b` read in place). Row tasks alone would leave cores idle (one
-    /// task per row, one in all for a single row).
+    /// those columns of every row of the batch ([`Scalar::matmul_cols`], `b` read in place).
+    /// Row tasks alone would leave cores idle (one task per row, one in all for a single row).
     fn matmul_column_blocks(
         &self,
         o: &Tensor<S>,

@@ -640,3 +640,27 @@ def test_every_saved_winner_compiles_for_sm80_and_sm90(name, text):
     g = mi.from_json(text)
     for arch in (80, 90):
         assert _cuda.compile_cubin(g, arch)[:4] == b"\x7fELF", (name, arch)
+
+
+@pytest.mark.parametrize("name", ["llama3-8b/qkv/b1/fp16", "llama3-8b/gate_up/b8/bf16"])
+def test_linear_weights_fuse_and_their_tiles_are_copied_transposed(ms, name):
+    # The programs with their projection weights as nn.Linear keeps them (the transposed views
+    # a torch.compile region passes): the search still fuses the norm and the projections into
+    # one customized kernel, whose weight tiles sit transposed in shared memory (`mi::tidx`,
+    # filled by cp.async down the columns), and the kernels compile for sm_80 and sm_90.
+    import mirage as mi
+    from conftest import nvrtc_or_skip
+    from mirage import _core, _cuda
+
+    nvrtc_or_skip()
+    g = ms.build_program(ms.parse_cell(name), norm_weight="keyword", weights="linear")
+    best = g.superoptimize(backend="cpu", config="mlp", use_cached_graphs=False, time_budget=60)
+    doc = json.loads(best.to_json())
+    kinds = [op["kind"]["kind"] for op in doc.get("graph", doc)["ops"]]
+    assert kinds.count("customized") >= 1 and "matmul" not in kinds, kinds
+    src, _ = _core.cuda_generate(best._core, 90)
+    body = src[src.index('extern "C" __global__') :]  # the kernels, after the runtime header
+    assert "mi::tidx<" in body and "mi::cp_async16" in body
+    for arch in (80, 90):
+        assert _cuda.compile_cubin(best, arch)[:4] == b"\x7fELF", arch
+    assert isinstance(best, mi.KNGraph)

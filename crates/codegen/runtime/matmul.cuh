@@ -64,6 +64,15 @@ __device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
   ldsm_x4_at(r, (unsigned)__cvta_generic_to_shared(p));
 }
 
+__device__ __forceinline__ void ldsm_x2(unsigned* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(s));
+#endif
+}
+
 __device__ __forceinline__ void ldsm_x2_trans(unsigned* r, const void* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = (unsigned)__cvta_generic_to_shared(p);
@@ -99,7 +108,9 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
 // SWA / SWB: A / B stored unpadded (LDA == K, LDB == N) with each row's 16-byte chunks
 // XOR-swizzled by the row over the whole [BATCH * rows] tile (`swz<LD, 8>`), so that their
 // cp.async copies write whole 32-byte sectors; read through ldmatrix or word loads only.
-template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWA, bool SWB, class Epi>
+// TRB: B stored transposed, [BATCH][N][K] with rows LDB apart (`tidx`): the mma's column
+// operand as it is, read with ldmatrix untransposed.
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWA, bool SWB, bool TRB, class Epi>
 __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratch, Epi epi) {
   constexpr int NW = NT / 32;
   constexpr int MT = (M + 15) / 16, NT8 = (N + 7) / 8;
@@ -121,6 +132,7 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
   constexpr int KC = (NF == 1 && K / KSL >= 64) ? 2 : 1;
   static_assert(!SWA || (LDA == K && (A_LDSM || A_WORD)), "matmul_mma: swizzled A");
   static_assert(!SWB || (LDB == N && B_LDSM), "matmul_mma: swizzled B");
+  static_assert(!(SWB && TRB), "matmul_mma: a transposed B is not swizzled");
   const int t = lin_tid();
   const int lane = t & 31;
   const int g = lane >> 2, q = lane & 3;
@@ -130,7 +142,7 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
     const int b = f / (MT * NG);
     const int mt = (f / NG) % MT, ng = f % NG;
     const T* Ab = A + b * M * LDA;
-    const T* Bb = B + b * K * LDB;
+    const T* Bb = B + b * (TRB ? N : K) * LDB;
     const int ar = b * M, br = b * K;  // the batch item's first rows in A and B
     const int r0 = mt * 16 + g, r1 = r0 + 8;
     float dc[KC * NF][4];
@@ -157,7 +169,23 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
       for (int j = 0; j < NF; ++j) {
         const int n0 = (ng * NF + j) * 8;
         unsigned bb[2];
-        if constexpr (B_LDSM && NF % 2 == 0) {
+        if constexpr (TRB && B_LDSM && NF % 2 == 0) {
+          // Matrices (n0, k0), (n0, k0 + 8), (n0 + 8, k0), (n0 + 8, k0 + 8): two n-fragments.
+          if (j % 2 == 0) {
+            ldsm_x4(bq, Bb + (n0 + (lane & 7) + (lane >> 4) * 8) * LDB + k0 + ((lane >> 3) & 1) * 8);
+            bb[0] = bq[0];
+            bb[1] = bq[1];
+          } else {
+            bb[0] = bq[2];
+            bb[1] = bq[3];
+          }
+        } else if constexpr (TRB && B_LDSM) {
+          ldsm_x2(bb, Bb + (n0 + (lane & 7)) * LDB + k0 + ((lane >> 3) & 1) * 8);
+        } else if constexpr (TRB) {
+          const int col = n0 + g;
+          bb[0] = pack2(Bb, col < N && ka < K, col < N && ka + 1 < K, col * LDB + ka, col * LDB + ka + 1);
+          bb[1] = pack2(Bb, col < N && kb < K, col < N && kb + 1 < K, col * LDB + kb, col * LDB + kb + 1);
+        } else if constexpr (B_LDSM && NF % 2 == 0) {
           // Two n-fragments per ldmatrix.x4: load at even j, use the upper half at odd j.
           if (j % 2 == 0) {
             ldsm_x4_trans(bq, B + tile_at<LDB, SWB>(br + k0 + (lane & 15), n0 + (lane >> 4) * 8));
@@ -279,11 +307,13 @@ __device__ __forceinline__ void a_frag(unsigned* a, const T* A, int mt, int k0, 
 // into C once, after the loop. A and B: 16-bit tiles in shared memory, K % 16 == 0, N % 8 == 0,
 // LDB a multiple of 8 (ldmatrix rows); A rows past M read as zero. SWB: B is stored unpadded
 // with its rows' chunks swizzled (`swz`, LDB == N); SWA: A likewise (`swz<LDA, 8>`, LDA == K).
-template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWB = false, bool SWA = false>
+// TRB: B stored transposed, [BATCH][N][K] with rows LDB apart (`tidx`), read untransposed.
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, typename T, bool SWB = false, bool SWA = false, bool TRB = false>
 struct MmaAcc {
   static constexpr int NW = NT / 32, MT = (M + 15) / 16, N8 = N / 8, KSTEPS = K / 16;
   static constexpr int FR = BATCH * MT * N8;
   static_assert(K % 16 == 0 && N % 8 == 0 && LDB % 8 == 0 && LDA % 2 == 0, "MmaAcc tile shape");
+  static_assert(!(SWB && TRB), "MmaAcc: a transposed B is not swizzled");
   // K slices: the most (a power of two dividing NW, at most KSTEPS) that keep every warp at
   // <= 16 fragments (64 registers).
   __host__ __device__ static constexpr int pick_ks() {
@@ -335,7 +365,10 @@ struct MmaAcc {
           }
           if (b_src(j) == j) {
             const int br = b * K + k0 + (lane & 15);
-            if constexpr (SWB) {
+            if constexpr (TRB) {
+              // Matrices (n, k0) and (n, k0 + 8) of the fragment's 8 columns n.
+              ldsm_x2(bb[j], B + (b * N + n8 * 8 + (lane & 7)) * LDB + k0 + ((lane >> 3) & 1) * 8);
+            } else if constexpr (SWB) {
               ldsm_x2_trans(bb[j], B + swz<N, 8>(br, n8 * 8));
             } else {
               ldsm_x2_trans(bb[j], B + br * LDB + n8 * 8);
@@ -535,16 +568,38 @@ struct RowSumAcc {
   }
 };
 
-// CUDA-core path: a thread per output element, fp32 fused multiply-adds (SWA / SWB as
-// `matmul_mma`'s).
-template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, bool SWA, bool SWB, typename TA, typename TB, class Epi>
+// CUDA-core path, fp32 fused multiply-adds (SWA / SWB / TRB as `matmul_mma`'s): a thread per
+// output element, or, where the outputs are fewer than half the threads (a GEMV's few rows),
+// G adjacent lanes per output, each summing every G-th k, added by shuffles.
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, bool SWA, bool SWB, bool TRB, typename TA, typename TB, class Epi>
 __device__ __forceinline__ void matmul_simt(const TA* A, const TB* B, Epi epi) {
+  constexpr int OUTS = BATCH * M * N;
+  constexpr int G0 = NT / OUTS;
+  constexpr int G = G0 >= 32 ? 32 : G0 >= 16 ? 16 : G0 >= 8 ? 8 : G0 >= 4 ? 4 : G0 >= 2 ? 2 : 1;
+  if constexpr (G > 1 && NT % 32 == 0) {
+    // Every thread meets the shuffles (whole warps); those past the outputs add zeros.
+    const int t = lin_tid(), c = t / G, sub = t % G;
+    float acc = 0.0f;
+    if (c < OUTS) {
+      const int b = c / (M * N);
+      const int m = (c / N) % M, n = c % N;
+      for (int k = sub; k < K; k += G) {
+        const int bi = TRB ? (b * N + n) * LDB + k : tile_at<LDB, SWB>(b * K + k, n);
+        acc = fmaf(to_f32(A[tile_at<LDA, SWA>(b * M + m, k)]), to_f32(B[bi]), acc);
+      }
+    }
+#pragma unroll
+    for (int off = G / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (c < OUTS && sub == 0) epi(c, acc);
+    return;
+  }
   for (int c = lin_tid(); c < BATCH * M * N; c += NT) {
     const int b = c / (M * N);
     const int m = (c / N) % M, n = c % N;
     float acc = 0.0f;
     for (int k = 0; k < K; ++k) {
-      acc = fmaf(to_f32(A[tile_at<LDA, SWA>(b * M + m, k)]), to_f32(B[tile_at<LDB, SWB>(b * K + k, n)]), acc);
+      const int bi = TRB ? (b * N + n) * LDB + k : tile_at<LDB, SWB>(b * K + k, n);
+      acc = fmaf(to_f32(A[tile_at<LDA, SWA>(b * M + m, k)]), to_f32(B[bi]), acc);
     }
     epi(c, acc);
   }
@@ -553,15 +608,15 @@ __device__ __forceinline__ void matmul_simt(const TA* A, const TB* B, Epi epi) {
 // LDA / LDB: row pitch of A and B in elements (K and N when unpadded). SWA / SWB: A / B
 // unpadded with their rows' chunks swizzled (`swz<LD, 8>`, 16-bit, rows of 2, 4 or a multiple
 // of 8 chunks). `scratch`: NT * 16 bytes of shared memory for split-K partial sums.
-template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, bool SWA = false, bool SWB = false, typename TA, typename TB, class Epi>
+template <int NT, int BATCH, int M, int N, int K, int LDA, int LDB, bool SWA = false, bool SWB = false, bool TRB = false, typename TA, typename TB, class Epi>
 __device__ __forceinline__ void matmul_tile(const TA* A, const TB* B, float* scratch, Epi epi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (NT % 32 == 0 && same_type<TA, TB>::value && is_16bit<TA>::value) {
-    matmul_mma<NT, BATCH, M, N, K, LDA, LDB, TA, SWA, SWB>(A, B, scratch, epi);
+    matmul_mma<NT, BATCH, M, N, K, LDA, LDB, TA, SWA, SWB, TRB>(A, B, scratch, epi);
     return;
   }
 #endif
-  matmul_simt<NT, BATCH, M, N, K, LDA, LDB, SWA, SWB, TA, TB>(A, B, epi);
+  matmul_simt<NT, BATCH, M, N, K, LDA, LDB, SWA, SWB, TRB, TA, TB>(A, B, epi);
 }
 
 }  // namespace mi

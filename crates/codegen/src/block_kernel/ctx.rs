@@ -40,7 +40,7 @@ impl Ctx<'_> {
 
     /// Elements of one pipeline stage of tile `t` (0 for a tile without a layout).
     pub(super) fn stage_elems(&self, t: STensorId) -> usize {
-        self.layout[t].map_or(0, |l| l.rows * l.ld)
+        self.layout[t].map_or(0, |l| l.elems())
     }
 
     /// Whether the wgmma attention step reads the next iteration's K a step ahead: with three
@@ -227,10 +227,12 @@ impl Ctx<'_> {
         let ty = self.storage[self.bg.ops[op].inputs[0]].map_or("mi::f16", Storage::cty);
         let sw = |t: STensorId| self.layout[t].is_some_and(|l| l.swz.is_some());
         let (swa, swb) = (sw(self.bg.ops[op].inputs[0]), sw(self.bg.ops[op].inputs[1]));
-        let flags = match (swb, swa) {
-            (_, true) => format!(", {swb}, true"),
-            (true, false) => ", true".to_string(),
-            (false, false) => String::new(),
+        let trb = self.layout[self.bg.ops[op].inputs[1]].is_some_and(|l| l.trans);
+        let flags = match (swb, swa, trb) {
+            (_, _, true) => format!(", {swb}, {swa}, true"),
+            (_, true, false) => format!(", {swb}, true"),
+            (true, false, false) => ", true".to_string(),
+            (false, false, false) => String::new(),
         };
         let acc = if self.wg_acc[op] { "MmaAccWG" } else { "MmaAcc" };
         self.uses(if self.wg_acc[op] { Part::Wgmma } else { Part::Matmul });

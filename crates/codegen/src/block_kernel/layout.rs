@@ -4,6 +4,7 @@
 
 use mirage_ugraph::{Accum, BlockGraph, BlockOpKind, Phase, STensorId};
 
+use super::load::column_walk;
 use super::plan::{Planner, RowSums};
 use super::{Section, Step};
 use crate::emit::numel;
@@ -30,12 +31,20 @@ pub(crate) struct Layout {
     pub vector: bool,
     /// Whether the loop prefetches it in `stages` buffers (a per-iteration tile).
     pub staged: bool,
+    /// Stored transposed: the tile's `inner` columns as rows of `ld` elements (`mi::tidx`), a
+    /// [K, N] matmul B operand whose device dim of stride 1 is K (a weight as `nn.Linear`
+    /// keeps it), copied down its columns with `cp.async` and read as is by `mi::matmul_tile`
+    /// and `mi::MmaAcc`.
+    pub trans: bool,
 }
 
 impl Layout {
     /// Shared-memory index of tile element `i` (row-major), in Rust.
     pub(super) fn offset(&self, i: usize) -> usize {
         let (row, col) = (i / self.inner, i % self.inner);
+        if self.trans {
+            return col * self.ld + row;
+        }
         match self.swz {
             Some(ce) if self.blocks && self.inner > 8 * ce => {
                 let (blk, c) = (8 * ce, col % (8 * ce));
@@ -49,8 +58,20 @@ impl Layout {
         }
     }
 
+    /// Elements of shared memory the tile takes (one stage of a staged tile).
+    pub(super) fn elems(&self) -> usize {
+        if self.trans {
+            self.inner * self.ld
+        } else {
+            self.rows * self.ld
+        }
+    }
+
     /// Shared-memory index of tile element `idx` (a C++ expression).
     pub(super) fn index(&self, idx: &str) -> String {
+        if self.trans {
+            return format!("mi::tidx<{}, {}>({idx})", self.inner, self.ld);
+        }
         match self.swz {
             Some(ce) if self.blocks && self.inner > 8 * ce => format!("mi::swzb<{}, {}>({idx})", self.inner, self.rows),
             Some(ce) => format!("mi::swz<{}, {ce}>({idx})", self.inner),
@@ -151,6 +172,16 @@ impl Planner<'_> {
         )
     }
 
+    /// Whether tile `t` is read only as the B operand of tile matmuls (`mi::matmul_tile`) and
+    /// register-accumulated loop matmuls (`mi::MmaAcc`).
+    fn only_mm_b(&self, t: STensorId) -> bool {
+        let bg = self.bg;
+        self.readers_all(t, &|_, st| match st {
+            Step::Matmul { op, .. } | Step::MatAcc { op, .. } => bg.ops[op].inputs[1] == t && bg.ops[op].inputs[0] != t,
+            _ => false,
+        })
+    }
+
     /// Whether tile `t` is read only by tile matmuls that can take it swizzled.
     fn only_swizzled_mm(&self, t: STensorId) -> bool {
         let bg = self.bg;
@@ -224,8 +255,36 @@ impl Planner<'_> {
                 } else {
                     inner
                 };
-                self.layout[t] =
-                    Some(Layout { inner, ld, swz, blocks: false, rows, vector, staged: sec == Section::Loop });
+                // A [K, N] B operand whose device dim of stride 1 is K, read only by matmuls
+                // on mma.sync: stored transposed, each column a row of K elements padded by 16
+                // bytes (ldmatrix's 8 rows of a chunk then meet no bank conflict), so that
+                // 16-byte `cp.async` copies run down its columns.
+                let walk = (es == 2).then(|| column_walk(tile, &dev.strides, 8)).flatten();
+                if let Some((k_rows, _, _)) =
+                    walk.filter(|&(k_rows, _, _)| r >= 2 && tile[r - 2] == k_rows && self.only_mm_b(t))
+                {
+                    self.layout[t] = Some(Layout {
+                        inner,
+                        ld: k_rows + 8,
+                        swz: None,
+                        blocks: false,
+                        rows,
+                        vector: false,
+                        staged: sec == Section::Loop,
+                        trans: true,
+                    });
+                    continue;
+                }
+                self.layout[t] = Some(Layout {
+                    inner,
+                    ld,
+                    swz,
+                    blocks: false,
+                    rows,
+                    vector,
+                    staged: sec == Section::Loop,
+                    trans: false,
+                });
             }
         }
     }
@@ -244,8 +303,16 @@ impl Planner<'_> {
                 && rows > 1
                 && (inner * 2).is_multiple_of(32)
             {
-                self.layout[t] =
-                    Some(Layout { inner, ld: inner + 8, swz: None, blocks: false, rows, vector: false, staged: false });
+                self.layout[t] = Some(Layout {
+                    inner,
+                    ld: inner + 8,
+                    swz: None,
+                    blocks: false,
+                    rows,
+                    vector: false,
+                    staged: false,
+                    trans: false,
+                });
             }
         }
     }

@@ -150,7 +150,19 @@ impl Ctx<'_> {
             format!("{to} = {from}")
         };
         let scalar = format!("for (int i = tid; i < {n}; i += NT) {copy};");
-        if l.vector {
+        if l.trans {
+            let vec = 16 / dev.storage.size_bytes();
+            let Some((rows, cols, stride)) = column_walk(tile, &dev.strides, vec) else {
+                return unsupported("internal error: a transposed tile that is not a column walk");
+            };
+            s.push_str(&Self::column_async_copy(k, dst, &l, (rows, cols, stride), vec, once));
+            wl!(s, "  }} else {{");
+            if rolled {
+                wl!(s, "#pragma unroll 1");
+            }
+            wl!(s, "    {scalar}");
+            wl!(s, "  }}");
+        } else if l.vector {
             let vec = 16 / dev.storage.size_bytes();
             let chunks = n / vec;
             wl!(s, "  if (mi::aligned16(in{k})) {{");
@@ -220,6 +232,39 @@ impl Ctx<'_> {
         }
         wl!(s, "}}");
         Ok(s)
+    }
+
+    /// The aligned branch of a transposed tile's copy ([`Layout::trans`]; opening `if`, no
+    /// closing brace): 16-byte `cp.async` copies of `vec`-element runs down each of the
+    /// [`column_walk`]'s columns into that column's row, consecutive threads taking a column's
+    /// consecutive runs (whole device sectors).
+    fn column_async_copy(
+        k: usize,
+        dst: &str,
+        l: &Layout,
+        (rows, cols, stride): (usize, usize, usize),
+        vec: usize,
+        once: bool,
+    ) -> String {
+        let runs = rows / vec;
+        let chunks = runs * cols;
+        let ld = l.ld;
+        let mut s = String::new();
+        wl!(s, "  if (mi::aligned16(in{k})) {{");
+        if once {
+            wl!(s, "    const unsigned long long mi_once = mi::l2_policy<false>();");
+        }
+        wl!(s, "    for (unsigned q = (unsigned)tid; q < {chunks}u; q += (unsigned)NT) {{");
+        wl!(s, "      const unsigned mi_c = q / {runs}u, mi_j = q % {runs}u * {vec}u;");
+        let (to, from) =
+            (format!("{dst} + mi_c * {ld}u + mi_j"), format!("in{k} + base + mi_j + (long long)mi_c * {stride}LL"));
+        if once {
+            wl!(s, "      mi::cp_async16_pol(mi::smem_lane({to}), {from}, mi_once);");
+        } else {
+            wl!(s, "      mi::cp_async16({to}, {from});");
+        }
+        wl!(s, "    }}");
+        s
     }
 
     /// The aligned branch of a [`column_walk`] tile's copy (opening `if`, no closing brace):

@@ -48,12 +48,12 @@ fn buffer(p: &KernelPlan, t: STensorId) -> (usize, usize) {
 
 /// A padded layout (no swizzle) of `rows` rows of `inner` elements at pitch `ld`.
 fn padded(rows: usize, inner: usize, ld: usize, staged: bool) -> Layout {
-    Layout { inner, ld, swz: None, blocks: false, rows, vector: true, staged }
+    Layout { inner, ld, swz: None, blocks: false, rows, vector: true, staged, trans: false }
 }
 
 /// An unpadded layout whose 16-byte chunks are swizzled by the row (`mi::swz<inner, 8>`).
 fn swizzled(rows: usize, inner: usize, staged: bool) -> Layout {
-    Layout { inner, ld: inner, swz: Some(8), blocks: false, rows, vector: true, staged }
+    Layout { inner, ld: inner, swz: Some(8), blocks: false, rows, vector: true, staged, trans: false }
 }
 
 #[test]
@@ -322,4 +322,41 @@ fn loop_matmuls_take_the_warpgroup_tensor_cores_where_asked() {
     let warp = plan(&g, 90);
     assert!(!warp.wg_acc[matacc(&warp).expect("a register accumulator")]);
     assert!(!plan(&g, 80).wg_acc.iter().any(|&b| b));
+}
+
+/// `x @ W.T` at decode: one row of 4096 against a weight kept as `nn.Linear` does (W [6144,
+/// 4096] row-major, the graph's [4096, 6144] input of strides [1, 4096], or `w_strides`), 128
+/// blocks of 48 columns, 64 iterations of 64-deep tiles.
+fn gemv(w_strides: Option<&[usize]>) -> (KernelGraph, STensorId) {
+    let mut g = KernelGraph::new();
+    let x = g.new_input(&[1, 4096], F16, None).expect("x");
+    let w = g.new_input(&[4096, 6144], F16, w_strides).expect("w");
+    let mut tb = BlockGraph::new([128, 1, 1], [128, 1, 1], 64, 64).expect("block graph");
+    let tx = tb.new_input(&[1, 4096], F16, [-1, -1, -1], 1).expect("x tile");
+    let tw = tb.new_input(&[4096, 6144], F16, [1, -1, -1], 0).expect("w tile");
+    let xw = tb.matmul(tx, tw).expect("matmul");
+    let sum = tb.forloop_accum(xw, Accum::None).expect("sum");
+    tb.new_output(sum, [1, -1, -1], -1).expect("output");
+    let o = g.customized(&[x, w], tb).expect("customized");
+    g.mark_output(o[0], None).expect("output");
+    (g, tw)
+}
+
+#[test]
+fn a_transposed_weight_tile_is_stored_transposed_for_the_loop_matmul() {
+    // W.T's [64, 48] tile runs down its columns in device memory: stored as 48 rows of 64 (+ 8
+    // elements of padding), copied with cp.async, read by the loop matmul as is (sm_80 and 90).
+    let (g, tw) = gemv(Some(&[1, 4096]));
+    for arch in [80, 90] {
+        let p = plan(&g, arch);
+        let l = layout(&p, tw);
+        assert_eq!((l.trans, l.inner, l.ld, l.staged, l.swz), (true, 48, 72, true, None), "sm_{arch}");
+        assert!(p.steps.iter().any(|&(_, st)| matches!(st, Step::MatAcc { .. })), "sm_{arch}");
+        // Each stage holds the 48 padded rows.
+        let (lo, hi) = buffer(&p, tw);
+        assert_eq!(hi - lo, p.stages * 48 * 72 * 2, "sm_{arch}");
+    }
+    // The same weight row-major keeps its rows.
+    let (g, tw) = gemv(None);
+    assert!(!layout(&plan(&g, 90), tw).trans);
 }

@@ -200,7 +200,7 @@ impl Planner<'_> {
             let Some((s, e)) = interval[t] else { continue };
             let es = storage[t].map_or(4, Storage::size_bytes);
             let size = match layout[t] {
-                Some(l) => l.rows * l.ld * es * if l.staged { stages } else { 1 },
+                Some(l) => l.elems() * es * if l.staged { stages } else { 1 },
                 None => numel(&bg.tensors[t].dims) * es,
             };
             let inplace = self.group_out_pos.iter().find(|(pos, _)| *pos == s).and_then(|&(pos, g)| {

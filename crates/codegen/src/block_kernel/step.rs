@@ -257,7 +257,14 @@ impl Ctx<'_> {
             }
         };
         let sw = |t: STensorId| self.layout[t].is_some_and(|l| l.swz.is_some());
-        let flags = if sw(a) || sw(b) { format!(", {}, {}", sw(a), sw(b)) } else { String::new() };
+        let trb = self.layout[b].is_some_and(|l| l.trans);
+        let flags = if trb {
+            format!(", {}, false, true", sw(a))
+        } else if sw(a) || sw(b) {
+            format!(", {}, {}", sw(a), sw(b))
+        } else {
+            String::new()
+        };
         self.uses(Part::Matmul);
         wl!(
             s,

@@ -42,7 +42,16 @@ fn conflict_free(l: &Layout, es: impl Iterator<Item = usize>) -> bool {
 #[test]
 fn swizzled_narrow_rows_are_free_of_bank_conflicts() {
     for inner in [16, 32] {
-        let l = Layout { inner, ld: inner, swz: Some(8), blocks: false, rows: 64, vector: true, staged: true };
+        let l = Layout {
+            inner,
+            ld: inner,
+            swz: Some(8),
+            blocks: false,
+            rows: 64,
+            vector: true,
+            staged: true,
+            trans: false,
+        };
         let chunks = inner / 8;
         for row0 in (0..64).step_by(8) {
             for c in 0..chunks {
@@ -67,7 +76,8 @@ fn swizzled_narrow_rows_are_free_of_bank_conflicts() {
 fn wide_swizzled_rows_are_column_blocks_of_one_atom_each() {
     // [64, 256] as 4 blocks of [64, 64]: a permutation; each block is 8 KiB of its own,
     // and within a block every row's 8 chunks are XOR-swizzled by the row (conflict-free).
-    let l = Layout { inner: 256, ld: 256, swz: Some(8), blocks: true, rows: 64, vector: true, staged: true };
+    let l =
+        Layout { inner: 256, ld: 256, swz: Some(8), blocks: true, rows: 64, vector: true, staged: true, trans: false };
     let mut seen = vec![false; 64 * 256];
     for i in 0..64 * 256 {
         let o = l.offset(i);
@@ -88,7 +98,16 @@ fn wide_row_major_swizzled_rows_keep_each_line_whole_and_ldmatrix_conflict_free(
     // copy of one global line fills one aligned shared line), and one chunk of any 8
     // consecutive rows (an ldmatrix phase) meets 8 distinct bank groups.
     for inner in [64, 128, 256] {
-        let l = Layout { inner, ld: inner, swz: Some(8), blocks: false, rows: 32, vector: true, staged: true };
+        let l = Layout {
+            inner,
+            ld: inner,
+            swz: Some(8),
+            blocks: false,
+            rows: 32,
+            vector: true,
+            staged: true,
+            trans: false,
+        };
         for row in 0..32 {
             for seg in 0..inner / 64 {
                 let mut o: Vec<usize> = (0..64).map(|c| l.offset(row * inner + seg * 64 + c)).collect();
@@ -111,7 +130,16 @@ fn padding_alone_cannot_serve_narrow_rows() {
     // The reason for the swizzle: with 64-byte rows at any 16-byte-multiple pitch, either an
     // ldmatrix phase or a quarter warp's copies hit a bank group twice.
     for pad in 0..8 {
-        let l = Layout { inner: 32, ld: 32 + pad * 8, swz: None, blocks: false, rows: 64, vector: true, staged: true };
+        let l = Layout {
+            inner: 32,
+            ld: 32 + pad * 8,
+            swz: None,
+            blocks: false,
+            rows: 64,
+            vector: true,
+            staged: true,
+            trans: false,
+        };
         let ldsm = conflict_free(&l, (0..8).map(|r| r * 32));
         let copies = conflict_free(&l, (0..8).map(|q| q * 8));
         assert!(!(ldsm && copies), "pitch {}", l.ld);
@@ -312,4 +340,21 @@ fn transposed_tiles_are_copied_down_their_columns() {
     assert_eq!(column_walk(&[4, 32], &[1, 4096], 8), None);
     assert_eq!(column_walk(&[2, 128, 64], &[64, 1, 4096], 8), None);
     assert_eq!(column_walk(&[256, 1], &[1, 4096], 8), None);
+}
+
+#[test]
+fn a_transposed_layout_puts_each_column_in_a_padded_row() {
+    // Tile element (r, c) of a [64, 48] tile at c * 72 + r: a one-to-one map into the 48 rows,
+    // none in a row's 8 padding elements.
+    let l = Layout { inner: 48, ld: 72, swz: None, blocks: false, rows: 64, vector: false, staged: true, trans: true };
+    assert_eq!(l.elems(), 48 * 72);
+    let mut seen = vec![false; l.elems()];
+    for i in 0..64 * 48 {
+        let (r, c) = (i / 48, i % 48);
+        let o = l.offset(i);
+        assert_eq!(o, c * 72 + r);
+        assert!(o % 72 < 64 && !seen[o]);
+        seen[o] = true;
+    }
+    assert_eq!(l.index("i"), "mi::tidx<48, 72>(i)");
 }

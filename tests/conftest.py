@@ -7,6 +7,7 @@ folder on ``sys.path``: the folder has no ``__init__.py``).
 import importlib.util
 import os
 import pathlib
+import sys
 import zlib
 from types import ModuleType
 
@@ -40,6 +41,8 @@ def gpu_script(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, GPU_SCRIPTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    # Dataclasses resolve their string annotations through ``sys.modules``.
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 

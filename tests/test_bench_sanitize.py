@@ -79,3 +79,13 @@ def test_a_saved_winner_tells_its_weight_layout(sanitize):
         w = g.new_input(dims=(64, 32), strides=strides, dtype=mi.float16)
         g.mark_output(g.matmul(x, w))
         assert sanitize.weight_layout(mi.from_json(g.to_json())) == layout
+
+
+def test_racecheck_runs_the_predefined_matmuls_on_our_kernel(sanitize, monkeypatch):
+    # racecheck stops with an internal error on some cuBLASLt kernels: under it (only) the
+    # child keeps every matmul on our default kernel, unless asked to keep cuBLAS.
+    monkeypatch.delenv("MIRAGE_CUBLAS", raising=False)
+    assert sanitize.child_env("racecheck")["MIRAGE_CUBLAS"] == "0"
+    assert "MIRAGE_CUBLAS" not in sanitize.child_env("racecheck", racecheck_cublas=True)
+    for tool in ("memcheck", "synccheck"):
+        assert "MIRAGE_CUBLAS" not in sanitize.child_env(tool)

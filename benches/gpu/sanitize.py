@@ -6,7 +6,9 @@ none, from ``superoptimize`` run here, outside the sanitizer (its on-disk cache 
 run quick); it is saved under ``--workdir``. Then each winner runs once per tool in a child
 process under ``compute-sanitizer --tool T`` (memcheck, racecheck, synccheck), restricted to
 our kernels (names ``mi_k*``), on fresh random inputs with its outputs poisoned; the child
-checks the output against a float64 torch reference too. The summary table comes last::
+checks the output against a float64 torch reference too. Under racecheck the winner's
+predefined matmuls run on our default kernel (``MIRAGE_CUBLAS=0``; ``--racecheck-cublas`` keeps
+them on cuBLAS, some of whose kernels stop racecheck with an internal error). The summary table comes last::
 
     PYTHONPATH=/tmp/mi python benches/gpu/sanitize.py --batches 1,8 --json $OUT/san.json
     python benches/gpu/sanitize.py --graphs benches/gpu/results/<run>/all-graphs --only gqa
@@ -165,10 +167,29 @@ def winner_file(
     return path
 
 
+def child_env(tool: str, racecheck_cublas: bool = False) -> dict[str, str]:
+    """The environment of a sanitizer run of ``tool``: this process's, with the predefined
+    matmuls on our default kernel under racecheck unless ``racecheck_cublas``."""
+    env = dict(os.environ)
+    if tool == "racecheck" and not racecheck_cublas:
+        env["MIRAGE_CUBLAS"] = "0"
+    return env
+
+
 def sanitize(
-    path: str, kind: str, tool: str, timeout: float, log: str | None = None
+    path: str,
+    kind: str,
+    tool: str,
+    timeout: float,
+    log: str | None = None,
+    racecheck_cublas: bool = False,
 ) -> dict[str, Any]:
-    """One compute-sanitizer run of the child on a winner."""
+    """One compute-sanitizer run of the child on a winner. Under racecheck the winner's
+    predefined matmuls run on our default kernel (``MIRAGE_CUBLAS=0``) unless
+    ``racecheck_cublas``: on some of cuBLASLt's kernels racecheck stops with an internal
+    sanitizer error even when it is told to check only ours."""
+    env = child_env(tool, racecheck_cublas)
+    cublas = env.get("MIRAGE_CUBLAS") != "0"
     cmd = [
         "compute-sanitizer",
         "--tool",
@@ -183,7 +204,9 @@ def sanitize(
     cmd += [sys.executable, os.path.abspath(__file__), "--child", path, "--kind", kind]
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        p = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env
+        )
         text = p.stdout + p.stderr
         code: int | str = p.returncode
     except subprocess.TimeoutExpired as e:
@@ -195,7 +218,14 @@ def sanitize(
         with open(os.path.join(log, name), "w", encoding="utf-8") as f:
             f.write(text[:2_000_000])
     res = parse_report(text)
-    res.update({"tool": tool, "exit": code, "seconds": round(time.perf_counter() - t0, 1)})
+    res.update(
+        {
+            "tool": tool,
+            "exit": code,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "cublas": cublas,
+        }
+    )
     m = re.search(r"CHILD (\{.*\})", text)
     res["child"] = json.loads(m.group(1)) if m else None
     if res["errors"] is None or res["child"] is None:
@@ -224,6 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per sanitizer run")
     ap.add_argument("--json", default=None)
     ap.add_argument("--log", default=None, help="folder for each run's whole output")
+    ap.add_argument(
+        "--racecheck-cublas",
+        action="store_true",
+        help="keep the predefined matmuls on cuBLAS under racecheck too",
+    )
     args = ap.parse_args(argv)
     if args.child:
         res = run_child(args.child, args.kind, args.seed)
@@ -254,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for name, b, kind, path in todo:
         for tool in args.tools.split(","):
-            r = sanitize(path, kind, tool, args.timeout, args.log)
+            r = sanitize(path, kind, tool, args.timeout, args.log, args.racecheck_cublas)
             r.update({"workload": name, "batch": b, "graph": os.path.basename(path)})
             rows.append(r)
             print(json.dumps(r)[:400], flush=True)

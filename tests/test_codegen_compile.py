@@ -124,7 +124,8 @@ def test_generated_source_is_inspectable(monkeypatch):
     assert "namespace mi" in src and src.count('extern "C" __global__') == 2
     _, plan = _cuda.cuda_source(g, 80)
     assert [k["kind"] for k in plan["kernels"]] == ["rms_norm", "matmul"]
-    assert plan["workspace_bytes"] >= 16 * 256 * 4
+    # The normalized rows between the kernels, stored in their dtype (a plain value).
+    assert plan["workspace_bytes"] == 16 * 256 * 2
 
 
 def test_cuda_resources_report_every_kernel(monkeypatch):

@@ -352,7 +352,7 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
 
 /// Places every needed intermediate tensor (no buffer yet in `buf`) in the workspace; returns
 /// the workspace's size in bytes. Storage: fp32 where the tensor carries sums or `exp` values,
-/// the declared dtype where it is a plain value (`plain_output`) or, with `cublas`, where a
+/// the declared dtype where it is a plain value (`plain_output`, an RMS norm's) or, with `cublas`, where a
 /// predefined matmul reads it (cuBLAS takes two inputs of one storage only, and the user's
 /// program stores it so).
 fn place_intermediates(g: &KernelGraph, opneed: &[bool], cublas: bool, buf: &mut [Option<DevBuffer>]) -> Result<usize> {
@@ -379,6 +379,7 @@ fn place_intermediates(g: &KernelGraph, opneed: &[bool], cublas: bool, buf: &mut
             let dims = g.tensors[t].dims.clone();
             let storage = match &op.kind {
                 KernelOpKind::Customized { graph } if plain_output(graph, k) => Storage::of(g.tensors[t].dtype),
+                KernelOpKind::RmsNorm { .. } => Storage::of(g.tensors[t].dtype),
                 _ if feeds_matmul[t] => Storage::of(g.tensors[t].dtype),
                 _ => Storage::F32,
             };
@@ -561,5 +562,20 @@ mod tests {
             let s = second(&two_kernels(first)).expect("kernel 2");
             assert!(s.contains("const float* __restrict__ in1"), "{first}: {s}");
         }
+        // A predefined RMS norm's output is a plain value too: the next kernel reads it as f16
+        // (its matmuls then take both operands on tensor cores).
+        let mut g = KernelGraph::new();
+        let x = g.new_input(&[64, 64], DType::Float16, None).expect("input");
+        let y = g.rms_norm(x, &[64], None).expect("rms_norm");
+        let mut k2 = BlockGraph::new([4, 1, 1], [128, 1, 1], 1, 64).expect("grid");
+        let a = k2.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("a");
+        let b = k2.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("b");
+        let z = k2.binary(mirage_ugraph::BinaryOp::Add, a, b).expect("add");
+        k2.new_output(z, [0, -1, -1], -1).expect("output");
+        let z = g.customized(&[x, y], k2).expect("kernel 2")[0];
+        g.mark_output(z, None).expect("mark");
+        let src = generate(&g, &Options::for_arch(90)).expect("generates").source;
+        let s = second(&src).expect("kernel 2");
+        assert!(s.contains("const mi::f16* __restrict__ in1"), "{s}");
     }
 }

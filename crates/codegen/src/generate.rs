@@ -488,21 +488,26 @@ mod tests {
         assert_eq!((o.arch(), o.target.num_sms), (86, Target::sm80().num_sms));
     }
 
-    /// Kernel 1 computes `norm(X)` (with `exp` first when `exp`) or the sum of X's rows;
-    /// kernel 2 adds it to X. Returns the generated source.
+    /// Kernel 1 computes `norm(X)` (with `exp` first when `exp`; the predefined kernel when
+    /// "predefined norm") or the sum of X's rows; kernel 2 adds it to X. Returns the generated
+    /// source.
     fn two_kernels(first: &str) -> String {
         let mut g = KernelGraph::new();
         let x = g.new_input(&[64, 64], DType::Float16, None).expect("input");
-        let mut k1 = BlockGraph::new([4, 1, 1], [128, 1, 1], 1, 64).expect("grid");
-        let t = k1.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("tile");
-        let y = match first {
-            "norm" => k1.rms_norm(t),
-            "exp" => k1.unary(UnaryOp::Exp, t).and_then(|e| k1.rms_norm(e)),
-            _ => k1.forloop_accum(t, Accum::None),
-        }
-        .expect("op");
-        k1.new_output(y, [0, -1, -1], -1).expect("output");
-        let y = g.customized(&[x], k1).expect("kernel 1")[0];
+        let y = if first == "predefined norm" {
+            g.rms_norm(x, &[64], None).expect("rms_norm")
+        } else {
+            let mut k1 = BlockGraph::new([4, 1, 1], [128, 1, 1], 1, 64).expect("grid");
+            let t = k1.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("tile");
+            let y = match first {
+                "norm" => k1.rms_norm(t),
+                "exp" => k1.unary(UnaryOp::Exp, t).and_then(|e| k1.rms_norm(e)),
+                _ => k1.forloop_accum(t, Accum::None),
+            }
+            .expect("op");
+            k1.new_output(y, [0, -1, -1], -1).expect("output");
+            g.customized(&[x], k1).expect("kernel 1")[0]
+        };
         let mut k2 = BlockGraph::new([4, 1, 1], [128, 1, 1], 1, 64).expect("grid");
         let a = k2.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("a");
         let b = k2.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("b");
@@ -564,18 +569,7 @@ mod tests {
         }
         // A predefined RMS norm's output is a plain value too: the next kernel reads it as f16
         // (its matmuls then take both operands on tensor cores).
-        let mut g = KernelGraph::new();
-        let x = g.new_input(&[64, 64], DType::Float16, None).expect("input");
-        let y = g.rms_norm(x, &[64], None).expect("rms_norm");
-        let mut k2 = BlockGraph::new([4, 1, 1], [128, 1, 1], 1, 64).expect("grid");
-        let a = k2.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("a");
-        let b = k2.new_input(&[64, 64], DType::Float16, [0, -1, -1], -1).expect("b");
-        let z = k2.binary(mirage_ugraph::BinaryOp::Add, a, b).expect("add");
-        k2.new_output(z, [0, -1, -1], -1).expect("output");
-        let z = g.customized(&[x, y], k2).expect("kernel 2")[0];
-        g.mark_output(z, None).expect("mark");
-        let src = generate(&g, &Options::for_arch(90)).expect("generates").source;
-        let s = second(&src).expect("kernel 2");
+        let s = second(&two_kernels("predefined norm")).expect("kernel 2");
         assert!(s.contains("const mi::f16* __restrict__ in1"), "{s}");
     }
 }

@@ -207,3 +207,30 @@ def test_an_unfusable_program_is_served_from_the_cache_as_given(tmp_path):
         assert len(messages) == 1 and "returning the program as given" in messages[0], messages
         assert best.search_stats["source"] == "as_given"
         assert best.hash() == g.hash(), source
+
+
+def test_a_preset_that_finds_nothing_returns_the_program_as_given():
+    # A weighted norm whose output leaves the program beside the projection after it: no
+    # µGraph with one customized kernel computes both. The `mlp` preset's loop ranges only
+    # narrow the search, so finding nothing there returns the program as given; the same
+    # loop ranges passed by the user are a restriction, and finding nothing is an error.
+    def program() -> mi.KNGraph:
+        g = mi.new_kernel_graph()
+        x = g.new_input(dims=(1, 512), dtype=mi.float16)
+        w = g.new_input(dims=(512,), dtype=mi.float16)
+        wt = g.new_input(dims=(512, 512), dtype=mi.float16)
+        xn = g.rms_norm(x, normalized_shape=(512,), weight=w, eps=1e-5)
+        g.mark_output(xn)
+        g.mark_output(g.matmul(xn, wt))
+        return g
+
+    with pytest.warns(RuntimeWarning, match="returning the program as given"):
+        best = program().superoptimize(backend="cpu", config="mlp", use_cached_graphs=False)
+    assert best.search_stats["source"] == "as_given"
+    with pytest.raises(mi.SearchError, match="may exclude every µGraph"):
+        program().superoptimize(
+            backend="cpu",
+            config={"max_kernel_ops": 2, "max_customized_ops": 1},
+            franges=[1, 4, 16, 32, 64],
+            use_cached_graphs=False,
+        )

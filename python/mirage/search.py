@@ -319,7 +319,7 @@ def _profiled_order(
 def _choose(
     reference: KNGraph,
     data: dict[str, Any],
-    settings: Mapping[str, Any],
+    restricted: Mapping[str, Any],
     backend: str,
     profiling: tuple[int, int],
     save_to: str | None,
@@ -330,10 +330,10 @@ def _choose(
     """Picks the winner among ``data``'s candidates (cost model, or GPU timings) and confirms
     it with the every-element check, dropping failures for the next best. Returns (winner,
     candidates, their graphs, selection record, candidates considered, confirm record, CUDA
-    device or None), or None when no candidate passes the check."""
+    device or None), or None when no candidate passes the check; with no candidate at all, a
+    SearchError where the user ``restricted`` the launch shapes."""
     cands, unstable_only = _eligible(data["candidates"])
     if not cands:
-        restricted = _restrictions(settings)
         why = data.get("empty_reason") or "no candidate passed verification"
         if not restricted:
             return None
@@ -457,6 +457,10 @@ def superoptimize(
     num_threads = None if num_threads is None else _threads(num_threads)
     checkpoint = _path("previous_checkpoint", previous_checkpoint)
     folder = _path("cache_dir", cache_dir)
+    # The user's own launch-shape restrictions: with them, finding nothing is an error; a
+    # preset's loop ranges only narrow the search, and finding nothing there returns the
+    # program as given.
+    restricted = _restrictions(settings)
     # The config's settings (a preset's loop ranges among them) are defaults: the explicit
     # arguments above (``franges``) win.
     for key, value in _resolve_config(config).items():
@@ -491,7 +495,9 @@ def superoptimize(
     profiling = (warmup_iters, profile_iters)
     with _progress.session(progress) as rep:
         data, path, loaded_from = _results(*sources, verbose)
-        choice = _choose(graph, data, settings, backend, profiling, path if save else None, verbose)
+        choice = _choose(
+            graph, data, restricted, backend, profiling, path if save else None, verbose
+        )
         if choice is None and loaded_from is not None and data["candidates"]:
             warnings.warn(
                 f"superoptimize: no candidate from the {loaded_from} ({path}) passed the "
@@ -501,7 +507,7 @@ def superoptimize(
             )
             data, path, loaded_from = _results(*sources, verbose, reuse=False)
             save_to = path if save else None
-            choice = _choose(graph, data, settings, backend, profiling, save_to, verbose)
+            choice = _choose(graph, data, restricted, backend, profiling, save_to, verbose)
     if choice is None:
         # Nothing usable (nothing found, or nothing passed the every-element check): the
         # program as given is still a correct plan.

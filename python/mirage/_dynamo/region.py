@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -431,17 +432,29 @@ def searched(
 
     t0 = time.perf_counter()
     preset_error, given_budget = None, kwargs.get("time_budget")
+    # The kind's preset narrows the search for speed (one customized kernel, a few loop
+    # ranges); where it finds nothing at the region's shapes (a gated MLP of real width needs
+    # its norm in a kernel of its own) and returns the program as given, the search's defaults
+    # get the time left. A user's own config is not widened.
+    preset = options.config is None and kwargs.get("config") is not None
     try:
-        try:
-            best = g.superoptimize(**kwargs)
-        except SearchError as e:
-            # The kind's preset narrows the search for speed (one customized kernel, a few
-            # loop ranges); where it finds nothing at the region's shapes (a gated MLP of real
-            # width needs its norm in a kernel of its own), the search's defaults get the time
-            # left. A user's own config is not widened.
-            if options.config is not None or kwargs.get("config") is None:
-                raise
-            preset_error = f"{kwargs['config']!r} preset: {e}"
+        nothing: str | None = None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                best = g.superoptimize(**kwargs)
+                stats0 = best.search_stats or {}
+                if stats0.get("source") == "as_given":
+                    nothing = str((stats0.get("selection") or {}).get("reason"))
+            except SearchError as e:
+                if not preset:
+                    raise
+                nothing = str(e)
+        if not (preset and nothing):
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if preset and nothing:
+            preset_error = f"{kwargs['config']!r} preset: {nothing}"
             log.info("mirage: %s; searching again with the default settings", preset_error)
             kwargs = {k: v for k, v in kwargs.items() if k != "config"}
             if "time_budget" in kwargs:

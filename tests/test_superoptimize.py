@@ -7,6 +7,7 @@ import json
 import signal
 import threading
 import time
+import warnings
 
 import mirage as mi
 import numpy as np
@@ -490,3 +491,38 @@ def test_a_slow_candidate_is_timed_for_a_bounded_time():
     assert _autotune._replays_within(50, 20 * 600e-6) == 3
     assert _autotune._replays_within(2, 20 * 600e-6) == 2
     assert _autotune._replays_within(50, 0.0) == 50
+
+
+@pytest.mark.parametrize("as_given_us,source", [(1.0, "as_given"), (100.0, "search")])
+def test_the_gpu_times_the_program_as_given_beside_the_candidates(
+    monkeypatch, tmp_path, as_given_us, source
+):
+    # Profiling's wiring with compilation and timing replaced (no GPU here): the program as
+    # given (its matmul on cuBLAS, its norm on the default kernel) is timed with the
+    # candidates, and returned where it ran fastest, so that superoptimize never returns a
+    # µGraph slower than the program it was given; otherwise the fastest candidate wins.
+    import mirage._cuda as cuda_mod
+
+    g = rmsnorm_linear(m=8, k=256, n=256)
+    given = g.hash()
+    monkeypatch.setattr(search, "_cuda_device", lambda backend: (0, ""))
+    monkeypatch.setattr(search, "_device_smem_limit", lambda backend: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "stub GPU")
+    monkeypatch.setattr(cuda_mod, "executable", lambda graph, device: graph.hash())
+    monkeypatch.setattr(_autotune, "_input_sets", lambda graph, device: [])
+    timings = {given: as_given_us}
+    monkeypatch.setattr(_autotune, "_time_one", lambda exe, *a: (timings.get(exe, 10.0), "fake"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        best = g.superoptimize(backend="cuda", use_cached_graphs=False, cache_dir=tmp_path)
+    stats = best.search_stats
+    assert stats["source"] == source
+    assert stats["selection"]["method"] == "profiled"
+    assert stats["selection"]["timings_us"][search.AS_GIVEN] == as_given_us
+    as_given_warned = any("the program as given" in str(w.message) for w in caught)
+    if source == "as_given":
+        assert best.hash() == given and stats["selection"]["winner"] == search.AS_GIVEN
+        assert as_given_warned
+    else:
+        assert best.hash() != given and stats["winner"]["hash"] == stats["selection"]["winner"]
+        assert not as_given_warned

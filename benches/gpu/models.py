@@ -220,7 +220,8 @@ def search(cell: ms.Cell, rec: dict[str, Any], args: argparse.Namespace) -> Any:
         "config": config,
         "profile_iters": iters,
         "selection": sel.get("method"),
-        "profiled_us": (sel.get("timings_us") or {}).get(winner.get("hash")),
+        # The profiled winner's time (a candidate's, or the program as given's).
+        "profiled_us": (sel.get("timings_us") or {}).get(sel.get("winner")),
         "candidates_considered": best.candidates_considered,
         "customized_kernels": winner.get("customized_kernels"),
         "winner_hash": winner.get("hash"),

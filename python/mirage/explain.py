@@ -166,7 +166,8 @@ def explain_data(
     measured = None
     stats = graph.search_stats or {}
     sel = stats.get("selection") or {}
-    winner = (stats.get("winner") or {}).get("hash")
+    # The profiled winner: a candidate, or the program as given timed beside them.
+    winner = sel.get("winner") or (stats.get("winner") or {}).get("hash")
     if str(sel.get("method", "")).startswith("profiled") and winner:
         measured = (sel.get("timings_us") or {}).get(winner)
     return {

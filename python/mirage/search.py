@@ -26,6 +26,7 @@ overwritten. See docs/caches.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -261,7 +262,13 @@ def _first_confirmed(
     return None, {"rejected": rejected, "seconds": time.perf_counter() - t0}
 
 
+#: The timings' key of the program as given (its ops on cuBLAS and the default kernels),
+#: timed beside the candidates.
+AS_GIVEN = "as-given"
+
+
 def _profiled_order(
+    reference: KNGraph,
     cands: list[dict[str, Any]],
     graphs: list[KNGraph],
     data: dict[str, Any],
@@ -270,24 +277,27 @@ def _profiled_order(
     save_to: str | None,
     verbose: bool,
 ) -> tuple[list[int], dict[str, Any]]:
-    """Times the top candidates on the GPU (or reuses the cached timings); returns the
-    candidate indices fastest first (untimed ones after, cheapest first) and the selection
-    record."""
+    """Times the top candidates and the program as given on the GPU (or reuses the cached
+    timings); returns the candidate indices fastest first (untimed ones after, cheapest first)
+    and the selection record, whose ``winner`` is ``AS_GIVEN`` where the program as given ran
+    fastest."""
     warmup_iters, profile_iters = profiling
     pool = list(range(min(PROFILE_TOP_N, len(cands))))
     hashes = [cands[i]["hash"] for i in pool]
+    keys = [*hashes, AS_GIVEN]
     import torch
 
     dev_key = (
         f"{torch.cuda.get_device_name(device)}|sm{_cuda.default_arch()}|"
-        f"{warmup_iters}|{profile_iters}|{','.join(hashes)}|{_switches_tag()}"
+        f"{warmup_iters}|{profile_iters}|{','.join(keys)}|{_switches_tag()}"
     )
     prof = data.setdefault("profiled", {}).get(dev_key)
-    if prof is not None and prof.get("winner") in hashes:
+    if prof is not None and prof.get("winner") in keys:
         selection = {"method": "profiled (cached)", **prof}
     else:
+        timed = [*(graphs[i] for i in pool), reference]
         best, timings, skipped, phases, finals = _profile(
-            [graphs[i] for i in pool], hashes, device, warmup_iters, profile_iters, verbose
+            timed, keys, device, warmup_iters, profile_iters, verbose
         )
         if best is None:
             warnings.warn(
@@ -303,7 +313,7 @@ def _profiled_order(
                 "phase_seconds": phases,
             }
             return list(range(len(cands))), selection
-        prof = {"winner": hashes[best], "timings_us": timings, "skipped": skipped}
+        prof = {"winner": keys[best], "timings_us": timings, "skipped": skipped}
         prof["finalists"] = finals
         selection = {"method": "profiled", **prof, "phase_seconds": phases}
         data["profiled"][dev_key] = prof
@@ -311,6 +321,8 @@ def _profiled_order(
             _save(save_to, data)
     timings = prof.get("timings_us", {})
     timed = sorted((i for i in pool if hashes[i] in timings), key=lambda i: timings[hashes[i]])
+    if prof["winner"] == AS_GIVEN:
+        return timed + [i for i in range(len(cands)) if i not in timed], selection
     first = hashes.index(prof["winner"])
     order = [first] + [i for i in timed if i != first]
     return order + [i for i in range(len(cands)) if i not in order], selection
@@ -330,8 +342,9 @@ def _choose(
     """Picks the winner among ``data``'s candidates (cost model, or GPU timings) and confirms
     it with the every-element check, dropping failures for the next best. Returns (winner,
     candidates, their graphs, selection record, candidates considered, confirm record, CUDA
-    device or None), or None when no candidate passes the check; with no candidate at all, a
-    SearchError where the user ``restricted`` the launch shapes."""
+    device or None; winner -1 where the program as given ran fastest on the GPU), or None when
+    no candidate passes the check; with no candidate at all, a SearchError where the user
+    ``restricted`` the launch shapes."""
     cands, unstable_only = _eligible(data["candidates"])
     if not cands:
         why = data.get("empty_reason") or "no candidate passed verification"
@@ -353,8 +366,20 @@ def _choose(
         selection: dict[str, Any] = {"method": "cost_model", "reason": no_gpu}
         considered = len(cands)
     else:
-        order, selection = _profiled_order(cands, graphs, data, device, profiling, save_to, verbose)
+        order, selection = _profiled_order(
+            reference, cands, graphs, data, device, profiling, save_to, verbose
+        )
         considered = min(PROFILE_TOP_N, len(cands))
+        if selection.get("winner") == AS_GIVEN:
+            return (
+                -1,
+                cands,
+                graphs,
+                selection,
+                considered,
+                {"rejected": [], "seconds": 0.0},
+                device,
+            )
     winner, confirm = _first_confirmed(reference, graphs, cands, order, verbose)
     if winner is None:
         return None
@@ -377,25 +402,31 @@ def _op_name(kind: Mapping[str, Any]) -> str:
     return str(op) if isinstance(op, str) else str(kind["kind"])
 
 
-def _as_given(graph: KNGraph, data: Mapping[str, Any], why: str) -> KNGraph:
+def _as_given(
+    graph: KNGraph, data: Mapping[str, Any], why: str, selection: Mapping[str, Any] | None = None
+) -> KNGraph:
     """The program as given (its predefined ops run by the default kernels: correct, not
-    fused), with a ``RuntimeWarning`` naming its ops and why no µGraph was found."""
+    fused), with a ``RuntimeWarning`` naming its ops and why no µGraph is returned: none was
+    found (``selection`` None: the record says ``as_given``), or the GPU timed the program as
+    given fastest (``selection``: that profiling record)."""
     doc = json.loads(graph.to_json())
     ops = [_op_name(o["kind"]) for o in doc["graph"]["ops"] if o["kind"]["kind"] != "input"]
-    warnings.warn(
-        f"superoptimize: no fused µGraph for the ops {ops}: {why}; returning the program as "
-        "given (each op runs as its own default kernel)",
-        RuntimeWarning,
-        stacklevel=4,
-    )
+    if selection:
+        msg = f"the program as given (ops {ops}) is returned: {why}"
+    else:
+        msg = (
+            f"no fused µGraph for the ops {ops}: {why}; returning the program as given (each "
+            "op runs as its own default kernel)"
+        )
+    warnings.warn(f"superoptimize: {msg}", RuntimeWarning, stacklevel=4)
     result = KNGraph(_core.KernelGraph.from_json(graph.to_json()))
     result.search_stats = {
         **dict(data.get("stats") or {}),
         "source": "as_given",
         "stopped": data.get("stopped"),
-        "selection": {"method": "as_given", "reason": why},
+        "selection": dict(selection) if selection else {"method": "as_given", "reason": why},
         "winner": None,
-        "summary": f"returned the program as given ({len(ops)} ops, default kernels): {why}",
+        "summary": f"returned the program as given ({len(ops)} ops, unfused): {why}",
     }
     result.candidates_considered = 0
     return result
@@ -518,6 +549,16 @@ def superoptimize(
         )
         return _as_given(graph, data, why)
     winner, cands, graphs, selection, considered, confirm, device = choice
+    if winner < 0:
+        timings = selection.get("timings_us") or {}
+        best = min((timings[c["hash"]] for c in cands if c["hash"] in timings), default=None)
+        why = f"it ran fastest on the GPU ({timings.get(AS_GIVEN, math.nan):.2f} us" + (
+            f" against {best:.2f} us for the fastest candidate)" if best is not None else ")"
+        )
+        given = _as_given(graph, data, why, selection)
+        if save_codes is not False:
+            _save_code(given, save_codes, device)
+        return given
 
     result = graphs[winner]
     chosen = cands[winner]

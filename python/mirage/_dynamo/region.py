@@ -443,9 +443,9 @@ def searched(
             warnings.simplefilter("always")
             try:
                 best = g.superoptimize(**kwargs)
-                stats0 = best.search_stats or {}
-                if stats0.get("source") == "as_given":
-                    nothing = str((stats0.get("selection") or {}).get("reason"))
+                sel = (best.search_stats or {}).get("selection") or {}
+                if sel.get("method") == "as_given":  # found nothing (not: timed fastest)
+                    nothing = str(sel.get("reason"))
             except SearchError as e:
                 if not preset:
                     raise

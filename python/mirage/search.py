@@ -279,8 +279,8 @@ def _profiled_order(
 ) -> tuple[list[int], dict[str, Any]]:
     """Times the top candidates and the program as given on the GPU (or reuses the cached
     timings); returns the candidate indices fastest first (untimed ones after, cheapest first)
-    and the selection record, whose ``winner`` is ``AS_GIVEN`` where the program as given ran
-    fastest."""
+    and the selection record; where the program as given ran fastest, no order and a record
+    whose ``winner`` is ``AS_GIVEN``."""
     warmup_iters, profile_iters = profiling
     pool = list(range(min(PROFILE_TOP_N, len(cands))))
     hashes = [cands[i]["hash"] for i in pool]
@@ -319,10 +319,10 @@ def _profiled_order(
         data["profiled"][dev_key] = prof
         if save_to is not None:
             _save(save_to, data)
+    if prof["winner"] == AS_GIVEN:
+        return [], selection
     timings = prof.get("timings_us", {})
     timed = sorted((i for i in pool if hashes[i] in timings), key=lambda i: timings[hashes[i]])
-    if prof["winner"] == AS_GIVEN:
-        return timed + [i for i in range(len(cands)) if i not in timed], selection
     first = hashes.index(prof["winner"])
     order = [first] + [i for i in timed if i != first]
     return order + [i for i in range(len(cands)) if i not in order], selection

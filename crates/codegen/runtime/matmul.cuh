@@ -64,6 +64,15 @@ __device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
   ldsm_x4_at(r, (unsigned)__cvta_generic_to_shared(p));
 }
 
+// Lane `lane`'s row address (element offset) for ldmatrix of a transposed B ([n][k], rows LDB
+// apart) at rows n0.. and depth k0: matrices (n0, k0), (n0, k0 + 8), then (n0 + 8, k0),
+// (n0 + 8, k0 + 8) (lanes 16.. only for .x4: an .x2 passes lane & 15), each the mma's column
+// operand untransposed.
+template <int LDB>
+__device__ __forceinline__ int trans_b_row(int n0, int k0, int lane) {
+  return (n0 + (lane & 7) + (lane >> 4) * 8) * LDB + k0 + ((lane >> 3) & 1) * 8;
+}
+
 __device__ __forceinline__ void ldsm_x2(unsigned* r, const void* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = (unsigned)__cvta_generic_to_shared(p);
@@ -170,9 +179,9 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
         const int n0 = (ng * NF + j) * 8;
         unsigned bb[2];
         if constexpr (TRB && B_LDSM && NF % 2 == 0) {
-          // Matrices (n0, k0), (n0, k0 + 8), (n0 + 8, k0), (n0 + 8, k0 + 8): two n-fragments.
+          // Two n-fragments per ldmatrix.x4, as below.
           if (j % 2 == 0) {
-            ldsm_x4(bq, Bb + (n0 + (lane & 7) + (lane >> 4) * 8) * LDB + k0 + ((lane >> 3) & 1) * 8);
+            ldsm_x4(bq, Bb + trans_b_row<LDB>(n0, k0, lane));
             bb[0] = bq[0];
             bb[1] = bq[1];
           } else {
@@ -180,7 +189,7 @@ __device__ __forceinline__ void matmul_mma(const T* A, const T* B, float* scratc
             bb[1] = bq[3];
           }
         } else if constexpr (TRB && B_LDSM) {
-          ldsm_x2(bb, Bb + (n0 + (lane & 7)) * LDB + k0 + ((lane >> 3) & 1) * 8);
+          ldsm_x2(bb, Bb + trans_b_row<LDB>(n0, k0, lane & 15));
         } else if constexpr (TRB) {
           const int col = n0 + g;
           bb[0] = pack2(Bb, col < N && ka < K, col < N && ka + 1 < K, col * LDB + ka, col * LDB + ka + 1);
@@ -366,8 +375,7 @@ struct MmaAcc {
           if (b_src(j) == j) {
             const int br = b * K + k0 + (lane & 15);
             if constexpr (TRB) {
-              // Matrices (n, k0) and (n, k0 + 8) of the fragment's 8 columns n.
-              ldsm_x2(bb[j], B + (b * N + n8 * 8 + (lane & 7)) * LDB + k0 + ((lane >> 3) & 1) * 8);
+              ldsm_x2(bb[j], B + trans_b_row<LDB>(b * N + n8 * 8, k0, lane & 15));
             } else if constexpr (SWB) {
               ldsm_x2_trans(bb[j], B + swz<N, 8>(br, n8 * 8));
             } else {
@@ -576,33 +584,27 @@ __device__ __forceinline__ void matmul_simt(const TA* A, const TB* B, Epi epi) {
   constexpr int OUTS = BATCH * M * N;
   constexpr int G0 = NT / OUTS;
   constexpr int G = G0 >= 32 ? 32 : G0 >= 16 ? 16 : G0 >= 8 ? 8 : G0 >= 4 ? 4 : G0 >= 2 ? 2 : 1;
+  // Output c's sum over k = k0, k0 + step, ...
+  const auto dot = [&](int c, int k0, int step) {
+    const int b = c / (M * N);
+    const int m = (c / N) % M, n = c % N;
+    float acc = 0.0f;
+    for (int k = k0; k < K; k += step) {
+      const int bi = TRB ? (b * N + n) * LDB + k : tile_at<LDB, SWB>(b * K + k, n);
+      acc = fmaf(to_f32(A[tile_at<LDA, SWA>(b * M + m, k)]), to_f32(B[bi]), acc);
+    }
+    return acc;
+  };
   if constexpr (G > 1 && NT % 32 == 0) {
     // Every thread meets the shuffles (whole warps); those past the outputs add zeros.
     const int t = lin_tid(), c = t / G, sub = t % G;
-    float acc = 0.0f;
-    if (c < OUTS) {
-      const int b = c / (M * N);
-      const int m = (c / N) % M, n = c % N;
-      for (int k = sub; k < K; k += G) {
-        const int bi = TRB ? (b * N + n) * LDB + k : tile_at<LDB, SWB>(b * K + k, n);
-        acc = fmaf(to_f32(A[tile_at<LDA, SWA>(b * M + m, k)]), to_f32(B[bi]), acc);
-      }
-    }
+    float acc = c < OUTS ? dot(c, sub, G) : 0.0f;
 #pragma unroll
     for (int off = G / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (c < OUTS && sub == 0) epi(c, acc);
     return;
   }
-  for (int c = lin_tid(); c < BATCH * M * N; c += NT) {
-    const int b = c / (M * N);
-    const int m = (c / N) % M, n = c % N;
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k) {
-      const int bi = TRB ? (b * N + n) * LDB + k : tile_at<LDB, SWB>(b * K + k, n);
-      acc = fmaf(to_f32(A[tile_at<LDA, SWA>(b * M + m, k)]), to_f32(B[bi]), acc);
-    }
-    epi(c, acc);
-  }
+  for (int c = lin_tid(); c < OUTS; c += NT) epi(c, dot(c, 0, 1));
 }
 
 // LDA / LDB: row pitch of A and B in elements (K and N when unpadded). SWA / SWB: A / B

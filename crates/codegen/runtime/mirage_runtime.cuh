@@ -98,14 +98,6 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __f
 // ------------------------------------------------------------ tile copies
 // Shared-memory index of element i (>= 0) of a tile stored with rows of INNER elements padded
 // to LD. Unsigned arithmetic: a power-of-two INNER becomes a shift and a mask.
-// Shared-memory index of element i (row-major over [rows][C]) of a tile stored transposed:
-// its C columns as rows of LD elements (a transposed weight copied down its columns).
-template <int C, int LD>
-__device__ __forceinline__ int tidx(int i) {
-  const unsigned u = static_cast<unsigned>(i);
-  return static_cast<int>(u % C * LD + u / C);
-}
-
 template <int INNER, int LD>
 __device__ __forceinline__ int pidx(int i) {
   if constexpr (INNER == LD) {
@@ -114,6 +106,14 @@ __device__ __forceinline__ int pidx(int i) {
     const unsigned u = static_cast<unsigned>(i);
     return static_cast<int>(u / INNER * LD + u % INNER);
   }
+}
+
+// Shared-memory index of element i (row-major over [rows][C]) of a tile stored transposed:
+// its C columns as rows of LD elements (a transposed weight copied down its columns).
+template <int C, int LD>
+__device__ __forceinline__ int tidx(int i) {
+  const unsigned u = static_cast<unsigned>(i);
+  return static_cast<int>(u % C * LD + u / C);
 }
 
 // Shared-memory index of (row, col) in a tile of INNER-element rows stored unpadded, each row's

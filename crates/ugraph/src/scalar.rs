@@ -61,12 +61,7 @@ pub trait Scalar: Copy + Send + Sync + std::fmt::Debug + 'static {
     /// do not depend on their order, overrides it to reduce once per element.
     #[inline]
     fn matmul_row(c: &mut [Self], a: &[Self], b: &[Self]) {
-        let n = c.len();
-        for (kk, &av) in a.iter().enumerate() {
-            for (cv, &bv) in c.iter_mut().zip(&b[kk * n..(kk + 1) * n]) {
-                *cv = cv.mul_acc(av, bv);
-            }
-        }
+        row_cols(c, a, b, c.len(), 0);
     }
     /// Output rows of a matmul sharing one right operand `b` (`k x n`): for each row `i` of
     /// `c` (`c.len() / n` rows), `c[i] += a[i] b` as [`Scalar::matmul_row`] with `a[i]` the
@@ -89,11 +84,19 @@ pub trait Scalar: Copy + Send + Sync + std::fmt::Debug + 'static {
         let rows = a.len().checked_div(k).unwrap_or(0);
         let w = c.len().checked_div(rows).unwrap_or(0);
         for (crow, arow) in c.chunks_mut(w.max(1)).zip(a.chunks(k.max(1))) {
-            for (kk, &av) in arow.iter().enumerate() {
-                for (cv, &bv) in crow.iter_mut().zip(&b[kk * ldb + j0..kk * ldb + j0 + w]) {
-                    *cv = cv.mul_acc(av, bv);
-                }
-            }
+            row_cols(crow, arow, b, ldb, j0);
+        }
+    }
+}
+
+/// One output row over columns `j0..j0 + c.len()` of `b`, whose rows are `ldb` apart:
+/// `c[j] += sum_kk a[kk] * b[kk * ldb + j0 + j]`, summed in `kk` order by [`Scalar::mul_acc`].
+#[inline]
+fn row_cols<S: Scalar>(c: &mut [S], a: &[S], b: &[S], ldb: usize, j0: usize) {
+    let w = c.len();
+    for (kk, &av) in a.iter().enumerate() {
+        for (cv, &bv) in c.iter_mut().zip(&b[kk * ldb + j0..kk * ldb + j0 + w]) {
+            *cv = cv.mul_acc(av, bv);
         }
     }
 }

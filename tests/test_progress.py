@@ -303,15 +303,25 @@ def test_gpu_stages_summary_and_explain(no_tqdm, capsys, tmp_path):
     err = capsys.readouterr().err
     sel = best.search_stats["selection"]
     assert sel["method"] == "profiled", sel
+    assert not sel["skipped"], sel
+    # The winner: a candidate (then confirmed), or the program as given, timed beside them.
+    given = best.search_stats["source"] == "as_given"
+    assert given == (sel["winner"] == search.AS_GIVEN), sel
     lines = err.splitlines()
-    for stage in ("search", "verify", "compile", "profile", "confirm"):
+    stages = ("search", "verify", "compile", "profile") + (() if given else ("confirm",))
+    for stage in stages:
         assert any(line.startswith(f"[mirage] {stage}: ") for line in lines), (stage, err)
-    (compiled,) = [line for line in lines if line.startswith("[mirage] compile: ")]
-    n = best.candidates_considered
-    assert f" {n}/{n} candidates" in compiled, compiled
+    # Off a terminal: a line at most every second, and one at the stage's end.
+    compiled = [line for line in lines if line.startswith("[mirage] compile: ")][-1]
+    timed = len(sel["timings_us"])
+    assert search.AS_GIVEN in sel["timings_us"] and timed >= 2, sel
+    assert f" {timed}/{timed} candidates" in compiled, compiled
+    if not given:
+        assert best.candidates_considered == timed - 1
+        assert sel["winner"] == best.search_stats["winner"]["hash"]
     s = best.search_stats["summary"]
-    us = sel["timings_us"][best.search_stats["winner"]["hash"]]
-    assert f"measured {us:.2f} us" in s and f"of {len(sel['timings_us'])} profiled" in s
+    us = sel["timings_us"][sel["winner"]]
+    assert f"measured {us:.2f} us" in s and f"of {timed} profiled" in s, s
     data = explain_data(best, compile=True)
     assert data["measured_us"] == us
     assert f"measured {us:.2f} us (whole graph" in explain(best, quiet=True)

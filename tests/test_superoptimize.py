@@ -523,6 +523,9 @@ def test_the_gpu_times_the_program_as_given_beside_the_candidates(
     if source == "as_given":
         assert best.hash() == given and stats["selection"]["winner"] == search.AS_GIVEN
         assert as_given_warned
+        profiled = len(stats["selection"]["timings_us"])
+        assert "measured 1.00 us" in stats["summary"], stats["summary"]
+        assert f"fastest of {profiled} profiled" in stats["summary"], stats["summary"]
     else:
         assert best.hash() != given and stats["winner"]["hash"] == stats["selection"]["winner"]
         assert not as_given_warned

@@ -552,8 +552,11 @@ def superoptimize(
     if winner < 0:
         timings = selection.get("timings_us") or {}
         best = min((timings[c["hash"]] for c in cands if c["hash"] in timings), default=None)
-        why = f"it ran fastest on the GPU ({timings.get(AS_GIVEN, math.nan):.2f} us" + (
-            f" against {best:.2f} us for the fastest candidate)" if best is not None else ")"
+        cached = ", cached timings" if selection.get("method") == "profiled (cached)" else ""
+        why = (
+            f"it ran fastest on the GPU, measured {timings.get(AS_GIVEN, math.nan):.2f} us"
+            + (f" against {best:.2f} us for the fastest candidate" if best is not None else "")
+            + f" (fastest of {len(timings)} profiled{cached})"
         )
         given = _as_given(graph, data, why, selection)
         if save_codes is not False:

@@ -126,7 +126,53 @@ pub(crate) fn reduction(name: &str, dim: usize, x: &DevBuffer, out: &DevBuffer) 
     })
 }
 
+/// Whether the trailing `nd` dims of a tensor are dense among themselves (row-major, unit
+/// innermost stride; dims of size 1 take any stride): element `j` of a row is `j` apart from
+/// the row's first.
+fn trailing_dense(dims: &[usize], strides: &[usize], nd: usize) -> bool {
+    let mut want = 1usize;
+    for k in (dims.len() - nd..dims.len()).rev() {
+        if dims[k] != 1 && strides[k] != want {
+            return false;
+        }
+        want = want.saturating_mul(dims[k]);
+    }
+    true
+}
+
+/// Elements a thread keeps in registers between the two passes of a dense row.
+const NORM_CACHE: usize = 16;
+
+/// How the default rms_norm kernel walks a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NormForm {
+    /// Dense rows, `per` elements a thread loaded once into registers.
+    Cached { per: usize },
+    /// Dense rows streamed twice (a thread's share exceeds `NORM_CACHE`).
+    Streamed,
+    /// Rows read and written through the strides.
+    Strided,
+}
+
+/// The form for rows of the trailing `nd` dims of `x` written to `out`.
+pub(crate) fn norm_form(x: &DevBuffer, out: &DevBuffer, nd: usize) -> NormForm {
+    let d = &x.dims;
+    if !(trailing_dense(d, &x.strides, nd) && trailing_dense(d, &out.strides, nd)) {
+        return NormForm::Strided;
+    }
+    let per = numel(&d[d.len() - nd..]).div_ceil(NT);
+    if per <= NORM_CACHE {
+        NormForm::Cached { per }
+    } else {
+        NormForm::Streamed
+    }
+}
+
 /// `x / sqrt(mean(x^2) + eps)` over the trailing `nd` dims, times `w` if given: a block per row.
+/// Where the rows are dense in `x` and the output and a thread's share fits `NORM_CACHE`, a
+/// thread loads its elements once, all at once (one memory round trip for the sum of
+/// squares), and scales them from registers; otherwise it streams the row twice. Indices of a
+/// dense row are its base plus the element's place; other layouts go through the strides.
 pub(crate) fn rms_norm(
     name: &str,
     nd: usize,
@@ -141,34 +187,66 @@ pub(crate) fn rms_norm(
     let rows = numel(&d[..r - nd]);
     let mut ins = vec![x];
     ins.extend(w);
+    let form = norm_form(x, out, nd);
+    let dense = form != NormForm::Strided;
+    let lead = &d[..r - nd];
+    // Element j of row `row` in x and in the output.
+    let (xi, oi) = if dense {
+        ("bx + j".to_string(), "bo + j".to_string())
+    } else {
+        let i = format!("(row * {len}LL + j)");
+        (offset_wide(d, &i, d, &x.strides), offset_wide(d, &i, d, &out.strides))
+    };
+    let scale = |v: &str| match w {
+        Some(w) if trailing_dense(&w.dims, &w.strides, w.dims.len()) => {
+            format!("{v} * {}", read(w, "in1", "j"))
+        }
+        Some(w) => format!("{v} * {}", read(w, "in1", &offset_wide(&w.dims, "j", &w.dims, &w.strides))),
+        None => v.to_string(),
+    };
     let mut s = String::new();
     s.push_str(&signature(name, NT, &ins, out));
     wl!(s, "  __shared__ float scratch[32];");
     wl!(s, "  for (long long row = blockIdx.x; row < {rows}LL; row += gridDim.x) {{");
-    wl!(s, "    float ss = 0.0f;");
-    // Unrolled: a row of a few thousand takes a thread a dozen loads or so, issued together
-    // instead of one round trip after another.
-    wl!(s, "#pragma unroll 8");
-    wl!(s, "    for (long long j = threadIdx.x; j < {len}LL; j += {NT}) {{");
-    wl!(s, "      const long long i = row * {len}LL + j;");
-    wl!(s, "      const float x = {};", read(x, "in0", &offset_wide(d, "i", d, &x.strides)));
-    wl!(s, "      ss += x * x;");
-    wl!(s, "    }}");
-    wl!(
-        s,
+    if dense {
+        wl!(s, "    const long long bx = {};", offset_wide(lead, "row", lead, &x.strides[..r - nd]));
+        wl!(s, "    const long long bo = {};", offset_wide(lead, "row", lead, &out.strides[..r - nd]));
+    }
+    let rms = format!(
         "    const float rms = sqrtf(mi::block_sum<{NT}>(ss, scratch) / {}{});",
         crate::emit::flit(len as f32),
         plus_eps(eps)
     );
-    wl!(s, "#pragma unroll 8");
-    wl!(s, "    for (long long j = threadIdx.x; j < {len}LL; j += {NT}) {{");
-    wl!(s, "      const long long i = row * {len}LL + j;");
-    wl!(s, "      float v = {} / rms;", read(x, "in0", &offset_wide(d, "i", d, &x.strides)));
-    if let Some(w) = w {
-        wl!(s, "      v = v * {};", read(w, "in1", &offset_wide(&w.dims, "j", &w.dims, &w.strides)));
+    let store = |v: &str| format!("out0[{oi}] = mi::from_f32<{}>({});", out.storage.cty(), scale(v));
+    wl!(s, "    float ss = 0.0f;");
+    if let NormForm::Cached { per } = form {
+        wl!(s, "    float v[{per}];");
+        wl!(s, "#pragma unroll");
+        wl!(s, "    for (int k = 0; k < {per}; ++k) {{");
+        wl!(s, "      const long long j = threadIdx.x + k * {NT};");
+        wl!(s, "      v[k] = j < {len}LL ? {} : 0.0f;", read(x, "in0", &xi));
+        wl!(s, "      ss += v[k] * v[k];");
+        wl!(s, "    }}");
+        s.push_str(&rms);
+        s.push('\n');
+        wl!(s, "#pragma unroll");
+        wl!(s, "    for (int k = 0; k < {per}; ++k) {{");
+        wl!(s, "      const long long j = threadIdx.x + k * {NT};");
+        wl!(s, "      if (j < {len}LL) {}", store("v[k] / rms"));
+        wl!(s, "    }}");
+    } else {
+        wl!(s, "#pragma unroll 8");
+        wl!(s, "    for (long long j = threadIdx.x; j < {len}LL; j += {NT}) {{");
+        wl!(s, "      const float x = {};", read(x, "in0", &xi));
+        wl!(s, "      ss += x * x;");
+        wl!(s, "    }}");
+        s.push_str(&rms);
+        s.push('\n');
+        wl!(s, "#pragma unroll 8");
+        wl!(s, "    for (long long j = threadIdx.x; j < {len}LL; j += {NT}) {{");
+        wl!(s, "      {}", store(&format!("{} / rms", read(x, "in0", &xi))));
+        wl!(s, "    }}");
     }
-    wl!(s, "      out0[{}] = mi::from_f32<{}>(v);", offset_wide(d, "i", d, &out.strides), out.storage.cty());
-    wl!(s, "    }}");
     wl!(s, "  }}");
     wl!(s, "}}");
     Ok(Emitted { source: s, grid: [grid1(rows, 1), 1, 1], block: [NT as u32, 1, 1], smem_bytes: 0, parts: REDUCTIONS })
@@ -299,5 +377,44 @@ pub(crate) fn plus_eps(eps: f32) -> String {
         String::new()
     } else {
         format!(" + {}", crate::emit::flit(eps))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::BufferRef;
+
+    fn buf(dims: &[usize], strides: &[usize]) -> DevBuffer {
+        DevBuffer {
+            dims: dims.to_vec(),
+            strides: strides.to_vec(),
+            storage: Storage::F16,
+            location: BufferRef::Input(0),
+        }
+    }
+
+    #[test]
+    fn a_norms_rows_stay_in_registers_where_dense_and_short() {
+        // A decode step's norm: one dense row of 4096, 16 elements a thread of 256.
+        let x = buf(&[1, 4096], &[4096, 1]);
+        assert_eq!(norm_form(&x, &x, 1), NormForm::Cached { per: 16 });
+        // A row of 70: one element a thread, the rest masked.
+        let x = buf(&[15, 70], &[70, 1]);
+        assert_eq!(norm_form(&x, &x, 1), NormForm::Cached { per: 1 });
+        // Two normalised dims, dense together; the leading dim strided (a view of rows).
+        let x = buf(&[3, 5, 70], &[700, 70, 1]);
+        assert_eq!(norm_form(&x, &x, 2), NormForm::Cached { per: 2 });
+        // Longer than 16 a thread: streamed twice.
+        let x = buf(&[4, 15000], &[15000, 1]);
+        assert_eq!(norm_form(&x, &x, 1), NormForm::Streamed);
+        // Column-major rows, in the input or the output, go through the strides.
+        let col = buf(&[8, 64], &[1, 8]);
+        let row = buf(&[8, 64], &[64, 1]);
+        assert_eq!(norm_form(&col, &row, 1), NormForm::Strided);
+        assert_eq!(norm_form(&row, &col, 1), NormForm::Strided);
+        // Size-1 dims take any stride.
+        let x = buf(&[2, 1, 64], &[64, 7, 1]);
+        assert_eq!(norm_form(&x, &x, 2), NormForm::Cached { per: 1 });
     }
 }

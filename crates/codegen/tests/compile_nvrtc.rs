@@ -561,7 +561,14 @@ fn three_warpgroup_interleaved_attention_compiles() {
         let what = p.launch_summary();
         assert!(p.source.contains("constexpr int NC = 384;"), "{what}");
         assert!(p.source.contains("mi::FlashWG<NC, 1, 64, 64, 64,"), "{what}");
-        assert!(p.source.contains("if (tid >= NT) return; // the third attention warpgroup"), "{what}");
+        // Without a cluster the first warpgroup's warps read back their own rows (the other
+        // two leave); with one, the block graph's threads read after a barrier.
+        let leave = if cluster == 1 {
+            "if (tid >= 128) return; // warpgroup 0 stored every row"
+        } else {
+            "if (tid >= NT) return; // the third attention warpgroup"
+        };
+        assert!(p.source.contains(leave), "{what}");
         let targs = run_ws_targs(&p.source);
         // 1024 keys: 16 iterations of 64 a block, 8 in a cluster of two; up to ten stages.
         let iters = 16 / cluster;

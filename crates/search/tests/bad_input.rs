@@ -83,7 +83,9 @@ fn invalid_settings_are_rejected() {
 fn cancellation_stops_the_search() {
     let cancel = Arc::new(AtomicBool::new(true));
     let pair = zoo::paper_workloads(1).expect("zoo").into_iter().find(|p| p.name == "gqa").expect("gqa");
-    let cfg = SearchConfig { cancel: Some(cancel), ..SearchConfig::default() };
+    // A pool of its own: on rayon's global pool the search's work would queue behind the other
+    // tests' searches in this process (14 s on two cores), which no flag of this one stops.
+    let cfg = SearchConfig { cancel: Some(cancel), num_threads: Some(2), ..SearchConfig::default() };
     let t = Instant::now();
     let r = superoptimize(&pair.reference, &cfg).expect("search runs");
     assert_eq!(r.stopped, Some(StopReason::Cancelled));

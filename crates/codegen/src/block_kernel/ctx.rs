@@ -54,6 +54,12 @@ impl Ctx<'_> {
         self.attention.is_some_and(|a| a.consumer_warpgroups == 3)
     }
 
+    /// Elements of the output tile each warp of warpgroup 0 reads back after the attention's
+    /// finish (`KernelPlan::own_rows`).
+    pub(super) fn own_rows(&self) -> Option<usize> {
+        self.plan.own_rows
+    }
+
     /// Whether each block of the cluster pair finishes half the rows (`FlashWG::finish`'s
     /// HALVES; `Planner::finish_halves`).
     pub(super) fn halves(&self) -> bool {

@@ -41,6 +41,9 @@ struct Frame {
     prologue: String,
     /// Whether barriers span the third attention warpgroup too (the loop to `finish`).
     wide: bool,
+    /// Whether each warp reads back only rows it wrote (after the finish, `Ctx::own_rows`):
+    /// a warp barrier orders them.
+    own: bool,
 }
 
 impl Frame {
@@ -66,6 +69,7 @@ impl Ctx<'_> {
             inflight: Vec::new(),
             prologue,
             wide: false,
+            own: false,
         };
         let mut in_loop = false;
         let mut exited = false;
@@ -176,7 +180,7 @@ impl Ctx<'_> {
             s.push_str(&waits(&mut fm.inflight, ind));
         }
         if overlaps(&r, &fm.dirty_w) || overlaps(&w, &fm.dirty_w) || overlaps(&w, &fm.dirty_r) {
-            wl!(s, "{ind}{}", self.sync_wide(fm.wide));
+            wl!(s, "{ind}{}", if fm.own { "__syncwarp();" } else { self.sync_wide(fm.wide) });
             fm.dirty_w.clear();
             fm.dirty_w.extend(fm.ranges_of(&fm.pending));
             fm.dirty_r.clear();
@@ -206,7 +210,12 @@ impl Ctx<'_> {
             fm.inflight.push((acc, r.clone()));
         }
         if fm.wide && matches!(step, Step::FlashEnd) {
-            wl!(s, "  if (tid >= NT) return; // the third attention warpgroup: merged");
+            if self.own_rows().is_some() {
+                wl!(s, "  if (tid >= 128) return; // warpgroup 0 stored every row: its warps read back their own");
+                fm.own = true;
+            } else {
+                wl!(s, "  if (tid >= NT) return; // the third attention warpgroup: merged");
+            }
             fm.wide = false;
         }
         fm.dirty_w.extend(w);

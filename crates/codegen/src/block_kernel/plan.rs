@@ -158,6 +158,9 @@ pub(crate) struct RowSums {
 pub(crate) struct KernelPlan {
     /// Threads of the block graph.
     pub nt: usize,
+    /// Elements of the output tile each warp of warpgroup 0 reads back after the attention's
+    /// finish, where the steps after it run on that warpgroup alone ([`own_rows`]).
+    pub own_rows: Option<usize>,
     /// The target's budgets (the warp-specialised form's register split).
     pub budgets: Budgets,
     /// The fused element-wise groups.
@@ -620,7 +623,7 @@ impl Planner<'_> {
             let off = (combine(&f) > 0).then_some(combine_at);
             (f, off)
         });
-        Ok(Some(KernelPlan {
+        let mut plan = KernelPlan {
             nt,
             budgets: self.knobs.target.budgets,
             groups: self.groups,
@@ -653,7 +656,10 @@ impl Planner<'_> {
             extra_threads,
             min_blocks,
             late_launch,
-        }))
+            own_rows: None,
+        };
+        plan.own_rows = own_rows(&plan, bg);
+        Ok(Some(plan))
     }
 
     /// Whether the two blocks of a warp-specialised attention's cluster pair (a key split over
@@ -783,4 +789,44 @@ fn attention_variant(
         split_v: ws && ws_split_v(f),
         halves,
     }
+}
+
+/// Elements of the output tile each warp of warpgroup 0 reads back after the attention's
+/// finish, where the steps after it run on that warpgroup alone, each warp over the rows it
+/// stored itself with a warp barrier between (`FlashRows::store`: warp w of the finishing
+/// warpgroup holds rows 16 w to 16 w + 15 of its 64). The form: three consumer warpgroups
+/// without a cluster, one group of 64 rows, and every step after the finish a fused
+/// element-wise save of the finish's tiles (O, L, X) over those rows, runs within a row.
+/// Elsewhere (None) the block graph's threads read every row after a barrier.
+/// compute-sanitizer's racecheck reports the second warpgroup's reads of rows the first
+/// stored in that form after any barrier, even a `__syncthreads` of every thread of the
+/// block, and none with the rows read back by the warps that stored them (docs/codegen.md,
+/// "Attention epilogue").
+fn own_rows(p: &KernelPlan, bg: &BlockGraph) -> Option<usize> {
+    let (f, _) = p.flash.as_ref()?;
+    let a = p.attention?;
+    if a.consumer_warpgroups != 3 || a.halves || p.cluster > 1 || f.batch != 1 || f.m != 64 || f.wg?.0 != 1 {
+        return None;
+    }
+    let end = p.steps.iter().position(|(_, st)| *st == Step::FlashEnd)?;
+    let finished: Vec<STensorId> = [Some(f.o), f.l, f.x].into_iter().flatten().collect();
+    let mut per = None;
+    for (_, st) in &p.steps[end + 1..] {
+        let Step::GroupSave { g, w, .. } = *st else {
+            return None;
+        };
+        let group = &p.groups[g];
+        if !group.inputs.iter().all(|x| finished.contains(x)) {
+            return None;
+        }
+        let (rows, cols) = match bg.tensors[group.output].dims.as_slice() {
+            [lead @ .., r, c] if lead.iter().all(|&d| d == 1) => (*r, *c),
+            _ => return None,
+        };
+        if rows != 64 || w == 0 || cols % w != 0 {
+            return None;
+        }
+        per = Some(16 * cols);
+    }
+    per
 }

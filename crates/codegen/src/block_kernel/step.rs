@@ -157,6 +157,12 @@ impl Ctx<'_> {
             let half = numel(tile) / 2;
             wl!(s, "  const int lo = (int)mi::cluster_rank() * {half};");
             wl!(s, "  for (int i{w} = lo + tid * {w}; i{w} < lo + {half}; i{w} += {nt} * {w}) {{");
+        } else if let Some(per) = self.own_rows() {
+            // The rows this warp stored (`Ctx::own_rows`).
+            wl!(
+                s,
+                "  for (int i{w} = (tid >> 5) * {per} + (tid & 31) * {w}; i{w} < ((tid >> 5) + 1) * {per}; i{w} += 32 * {w}) {{"
+            );
         } else {
             wl!(s, "  for (int i{w} = tid * {w}; i{w} < {}; i{w} += {nt} * {w}) {{", numel(tile));
         }

@@ -213,6 +213,10 @@ fn attention_winners_take_their_forms_on_sm_90() {
         }
         // An attention kernel lets the next kernel go at once.
         assert_eq!(p.late_launch, None, "{name}");
+        // Three warpgroups without a cluster: the first warpgroup's warps read back the rows
+        // each stored (64 columns, 16 rows a warp); every other form reads after a barrier.
+        let own = (cwg == 3 && cluster == [1, 1, 1]).then_some(16 * 64);
+        assert_eq!(p.own_rows, own, "{name}");
         assert!(p.smem_bytes <= mirage_ugraph::Target::for_arch(90).smem_per_block_optin, "{name}");
         // QK-norm: the consumers scale P by V's factors and the softmax applies Q's norm, both
         // as the hooks of one variant struct; the others take the plain variant.

@@ -19,6 +19,15 @@
 //!   `(max, 0)`), a sum of `K` terms with a denominator multiplies it by `K`, `sqrt` halves
 //!   (rounding up). Uninterpreted ops yield fresh variables `(1, 0)`. The graph's degree is the
 //!   largest `num + den` over its outputs.
+//! - **Common denominators.** For kernel-level ops we also keep the dims along which an
+//!   element's denominator is one and the same polynomial (`Info::fixed`): an `rms_norm`'s
+//!   output over its normalised dims (the row's root mean square, when its operand has no
+//!   denominator) and a `softmax`'s over its dim (the row's sum of exponentials). A sum along
+//!   such a dim (a matmul's inner dim, a reduction) adds numerators over that one denominator,
+//!   `(num, den)` unchanged, instead of multiplying the denominator by `K`: `rms_norm(X) @ W`
+//!   at K = 8192 has degree 3, not 16,385. The bound is the same theorem's with a tighter
+//!   degree; elsewhere (block graphs, or a denominator that varies along the summed dim) the
+//!   rule above stands.
 //! - **Exp count `k`.** The number of exp-bearing ops (each block-graph op counts once).
 
 use mirage_ugraph::{Accum, BinaryLax, BinaryOp, BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Lax, UnaryOp};
@@ -169,10 +178,37 @@ struct Info {
     /// The exp-bearing ops on one such path.
     path: Vec<String>,
     deg: Deg,
+    /// Bit `d`: every element along dim `d` has the same denominator polynomial (kernel-level
+    /// tensors only; 0 where unknown). A value without a denominator has it along every dim.
+    fixed: u64,
+}
+
+impl Info {
+    /// Whether the denominator is the same along dim `d`.
+    fn den_fixed(&self, d: usize) -> bool {
+        self.deg.den == 0 || (d < 64 && self.fixed >> d & 1 == 1)
+    }
+
+    /// The bits of the dims along which the denominator is the same, for a tensor of dims
+    /// `dims` (dims of size 1, read broadcast, count as the same).
+    fn fixed_bits(&self, dims: &[usize]) -> u64 {
+        let mut bits = 0u64;
+        for (d, &n) in dims.iter().enumerate().take(64) {
+            if n == 1 || self.den_fixed(d) {
+                bits |= 1 << d;
+            }
+        }
+        bits
+    }
+}
+
+/// The bits of the dims of size 1 in `dims` (the first 64).
+fn size_one_bits(dims: &[usize]) -> u64 {
+    dims.iter().enumerate().take(64).filter(|&(_, &n)| n == 1).fold(0, |m, (d, _)| m | 1 << d)
 }
 
 /// What an out-of-range operand reads (only reachable on graphs that do not validate).
-static EMPTY: Info = Info { exps: 0, path: Vec::new(), deg: Deg { num: 0, den: 0 } };
+static EMPTY: Info = Info { exps: 0, path: Vec::new(), deg: Deg { num: 0, den: 0 }, fixed: 0 };
 static NO_DIMS: Vec<usize> = Vec::new();
 
 fn join(infos: &[&Info]) -> Info {
@@ -339,31 +375,67 @@ pub fn analyze(g: &KernelGraph) -> LaxReport {
         let dims = |k: usize| op.inputs.get(k).and_then(|&t| g.tensors.get(t)).map_or(&NO_DIMS, |t| &t.dims);
         let res: Vec<Info> = match &op.kind {
             KernelOpKind::Input { .. } => vec![Info { deg: Deg::VAR, ..Info::default() }],
-            KernelOpKind::Matmul => vec![Walk::matmul(arg(0), arg(1), *dims(0).last().unwrap_or(&1))],
-            KernelOpKind::Unary { op: u } => vec![walk.unary(u, label, arg(0))],
-            KernelOpKind::Binary { op: b } => vec![walk.binary(*b, label, arg(0), arg(1))],
+            KernelOpKind::Matmul => {
+                let (a, b, da, db) = (arg(0), arg(1), dims(0), dims(1));
+                // One denominator along the inner dim on both sides: the products share it.
+                let common = !da.is_empty() && db.len() >= 2 && a.den_fixed(da.len() - 1) && b.den_fixed(db.len() - 2);
+                let k = if common { 1 } else { *da.last().unwrap_or(&1) };
+                vec![Walk::matmul(a, b, k)]
+            }
+            KernelOpKind::Unary { op: u } => {
+                let x = arg(0);
+                let mut out = walk.unary(u, label, x);
+                // x^power times a factor without a denominator: x's denominators, powered.
+                out.fixed = match u.lax() {
+                    Lax::Rational { den: 0, .. } | Lax::Exp { den: 0, .. } => x.fixed,
+                    _ => 0,
+                };
+                vec![out]
+            }
+            KernelOpKind::Binary { op: b } => {
+                let (x, y) = (arg(0), arg(1));
+                let mut out = walk.binary(*b, label, x, y);
+                let (fx, fy) = (x.fixed_bits(dims(0)), y.fixed_bits(dims(1)));
+                out.fixed = match b.lax() {
+                    // Denominator D_x D_y.
+                    BinaryLax::Sum | BinaryLax::Product => fx & fy,
+                    // Denominator D_x N_y: y's numerator is the same only where y is broadcast.
+                    BinaryLax::Quotient => fx & size_one_bits(dims(1)),
+                    BinaryLax::Uninterpreted => 0,
+                };
+                vec![out]
+            }
             KernelOpKind::Reduction { dim } => {
-                let l = dims(0).get(*dim).copied().unwrap_or(1);
-                vec![Info { deg: arg(0).deg.sum(l), ..arg(0).clone() }]
+                let (x, l) = (arg(0), dims(0).get(*dim).copied().unwrap_or(1));
+                let deg = if x.den_fixed(*dim) { x.deg } else { x.deg.sum(l) };
+                vec![Info { deg, ..x.clone() }]
             }
             KernelOpKind::RmsNorm { normalized_ndims, eps } => {
-                let d = dims(0);
-                let len: usize = d[d.len().saturating_sub(*normalized_ndims)..].iter().product();
-                let mut out = walk.rms_norm(arg(0), len, *eps);
+                let (x, d) = (arg(0), dims(0));
+                let first = d.len().saturating_sub(*normalized_ndims);
+                let len: usize = d[first..].iter().product();
+                let mut out = walk.rms_norm(x, len, *eps);
+                // x / r with x free of denominators: r, the row's root mean square, is the
+                // denominator of every element of the row.
+                out.fixed = if x.deg.den == 0 { (first..d.len().min(64)).fold(0, |m, k| m | 1 << k) } else { 0 };
                 if op.inputs.len() > 1 {
                     let w = arg(1);
-                    out = Info { deg: out.deg.mul(w.deg), ..join(&[&out, w]) };
+                    let fixed = if w.deg.den == 0 { out.fixed } else { 0 };
+                    out = Info { deg: out.deg.mul(w.deg), fixed, ..join(&[&out, w]) };
                 }
                 vec![out]
             }
             KernelOpKind::Softmax { dim } => {
                 let l = dims(0).get(*dim).copied().unwrap_or(1);
                 let (exps, path) = walk.exp(label, arg(0));
-                vec![Info { exps, path, deg: Deg::VAR.div(Deg::VAR.sum(l)) }]
+                // exp(x_i) / sum_j exp(x_j): the row's sum is every element's denominator.
+                let fixed = if *dim < 64 { 1u64 << dim } else { 0 };
+                vec![Info { exps, path, deg: Deg::VAR.div(Deg::VAR.sum(l)), fixed }]
             }
             KernelOpKind::Customized { graph } => {
                 let ins: Vec<Info> = op.inputs.iter().map(|&t| vals.get(t).cloned().unwrap_or_default()).collect();
-                walk.block(graph, &label, &ins)
+                // Block graphs keep the plain rule: nothing is known of their denominators.
+                walk.block(graph, &label, &ins).into_iter().map(|i| Info { fixed: 0, ..i }).collect()
             }
         };
         for (&t, info) in op.outputs.iter().zip(res) {
@@ -409,8 +481,8 @@ mod tests {
         let (r, c) = (analyze(&p.reference), analyze(&p.ugraph));
         assert_eq!((r.fragment.clone(), c.fragment.clone()), (Fragment::Lax, Fragment::Lax));
         assert_eq!((r.exp_ops, c.exp_ops), (0, 0));
-        // rms_norm(X) @ W: (x / r) * w summed over k = 16 terms with denominator degree 1.
-        assert_eq!(r.degree, 2 + 15 + 16);
+        // rms_norm(X) @ W: (x / r) * w summed over k = 16 terms over the one denominator r.
+        assert_eq!(r.degree, 3);
         assert_eq!(c.degree, 3);
         let a =
             zoo::attention(zoo::Attn { b: 2, h: 4, d: 8, s: 32, splits: 2, frange: 2, qsplit: 1 }, false, dt).unwrap();
@@ -422,6 +494,84 @@ mod tests {
         let c = analyze(&o.ugraph);
         assert!(matches!(c.fragment, Fragment::Probabilistic { .. }), "{:?}", c.fragment);
         assert_eq!(c.max_exps_on_path, 1);
+    }
+
+    /// The degree of graph `f`'s one output, built on inputs of `dims`.
+    fn degree(dims: &[&[usize]], f: impl Fn(&mut KernelGraph, &[usize]) -> usize) -> u64 {
+        let mut g = KernelGraph::new();
+        let ins: Vec<usize> = dims.iter().map(|d| g.new_input(d, DType::Float32, None).unwrap()).collect();
+        let out = f(&mut g, &ins);
+        g.mark_output(out, None).unwrap();
+        analyze(&g).degree
+    }
+
+    #[test]
+    fn sums_over_one_common_denominator_keep_its_degree() {
+        let (m, k, n) = (8usize, 64usize, 16usize);
+        // The row's root mean square is every element's denominator along the normalised dim:
+        // (x / r) w summed over k stays (2, 1).
+        let norm_mm = |g: &mut KernelGraph, i: &[usize]| {
+            let y = g.rms_norm(i[0], &[k], None).unwrap();
+            g.matmul(y, i[1]).unwrap()
+        };
+        assert_eq!(degree(&[&[m, k], &[k, n]], norm_mm), 3);
+        // ... with its weight too, and reduced along that dim.
+        let weighted = |g: &mut KernelGraph, i: &[usize]| {
+            let y = g.rms_norm(i[0], &[k], Some(i[2])).unwrap();
+            g.matmul(y, i[1]).unwrap()
+        };
+        assert_eq!(degree(&[&[m, k], &[k, n], &[k]], weighted), 4);
+        let reduced = |g: &mut KernelGraph, i: &[usize]| {
+            let y = g.rms_norm(i[0], &[k], None).unwrap();
+            g.reduction(y, 1).unwrap()
+        };
+        assert_eq!(degree(&[&[m, k]], reduced), 2);
+        // The softmax's row sum along its dim: P V summed over the keys stays (2, 1).
+        let attn = |g: &mut KernelGraph, i: &[usize]| {
+            let p = g.softmax(i[0], -1).unwrap();
+            g.matmul(p, i[1]).unwrap()
+        };
+        assert_eq!(degree(&[&[m, k], &[k, n]], attn), 3);
+        // A quotient by a tensor broadcast along the summed dim: one denominator per row.
+        let scaled = |g: &mut KernelGraph, i: &[usize]| {
+            let y = g.binary(BinaryOp::Div, i[0], i[2]).unwrap();
+            g.matmul(y, i[1]).unwrap()
+        };
+        assert_eq!(degree(&[&[m, k], &[k, n], &[m, 1]], scaled), 3);
+    }
+
+    #[test]
+    fn sums_over_denominators_that_vary_multiply_them() {
+        let (m, k, n) = (8usize, 64usize, 16usize);
+        let k64 = k as u64;
+        // X / Y element by element: a denominator per element, (2 + (k - 1), k) over k terms.
+        let quotient = |g: &mut KernelGraph, i: &[usize]| {
+            let y = g.binary(BinaryOp::Div, i[0], i[2]).unwrap();
+            g.matmul(y, i[1]).unwrap()
+        };
+        assert_eq!(degree(&[&[m, k], &[k, n], &[m, k]], quotient), 2 + (k64 - 1) + k64);
+        // The norm's rows summed across (over the dim it does not normalise): r varies.
+        let across = |g: &mut KernelGraph, i: &[usize]| {
+            let y = g.rms_norm(i[0], &[k], None).unwrap();
+            g.matmul(i[1], y).unwrap()
+        };
+        let m64 = m as u64;
+        assert_eq!(degree(&[&[m, k], &[n, m]], across), 2 + (m64 - 1) + m64);
+        // A softmax over the other dim than the one summed.
+        let other = |g: &mut KernelGraph, i: &[usize]| {
+            let p = g.softmax(i[0], 0).unwrap();
+            g.matmul(p, i[1]).unwrap()
+        };
+        assert_eq!(degree(&[&[m, k], &[k, n]], other), 2 + (k64 - 1) + k64);
+        // A norm of a quotient: its own denominators vary along the row.
+        let norm_of_quotient = |g: &mut KernelGraph, i: &[usize]| {
+            let q = g.binary(BinaryOp::Div, i[0], i[2]).unwrap();
+            let y = g.rms_norm(q, &[k], None).unwrap();
+            g.matmul(y, i[1]).unwrap()
+        };
+        assert!(degree(&[&[m, k], &[k, n], &[m, k]], norm_of_quotient) > k64);
+        // Block graphs keep the plain rule (the zoo's fused norm + projection is small anyway:
+        // its sums have no denominator).
     }
 
     #[test]

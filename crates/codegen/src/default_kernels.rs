@@ -218,33 +218,32 @@ pub(crate) fn rms_norm(
         plus_eps(eps)
     );
     let store = |v: &str| format!("out0[{oi}] = mi::from_f32<{}>({});", out.storage.cty(), scale(v));
+    // Each pass: its unroll pragma, loop head, then the sum of squares or the scaled store.
+    let (unroll, head, sum, scaled) = match form {
+        NormForm::Cached { per } => {
+            wl!(s, "    float v[{per}];");
+            (
+                "#pragma unroll",
+                format!("for (int k = 0; k < {per}; ++k) {{\n      const long long j = threadIdx.x + k * {NT};"),
+                format!("v[k] = j < {len}LL ? {} : 0.0f;\n      ss += v[k] * v[k];", read(x, "in0", &xi)),
+                format!("if (j < {len}LL) {}", store("v[k] / rms")),
+            )
+        }
+        _ => (
+            "#pragma unroll 8",
+            format!("for (long long j = threadIdx.x; j < {len}LL; j += {NT}) {{"),
+            format!("const float x = {};\n      ss += x * x;", read(x, "in0", &xi)),
+            store(&format!("{} / rms", read(x, "in0", &xi))),
+        ),
+    };
     wl!(s, "    float ss = 0.0f;");
-    if let NormForm::Cached { per } = form {
-        wl!(s, "    float v[{per}];");
-        wl!(s, "#pragma unroll");
-        wl!(s, "    for (int k = 0; k < {per}; ++k) {{");
-        wl!(s, "      const long long j = threadIdx.x + k * {NT};");
-        wl!(s, "      v[k] = j < {len}LL ? {} : 0.0f;", read(x, "in0", &xi));
-        wl!(s, "      ss += v[k] * v[k];");
-        wl!(s, "    }}");
-        s.push_str(&rms);
-        s.push('\n');
-        wl!(s, "#pragma unroll");
-        wl!(s, "    for (int k = 0; k < {per}; ++k) {{");
-        wl!(s, "      const long long j = threadIdx.x + k * {NT};");
-        wl!(s, "      if (j < {len}LL) {}", store("v[k] / rms"));
-        wl!(s, "    }}");
-    } else {
-        wl!(s, "#pragma unroll 8");
-        wl!(s, "    for (long long j = threadIdx.x; j < {len}LL; j += {NT}) {{");
-        wl!(s, "      const float x = {};", read(x, "in0", &xi));
-        wl!(s, "      ss += x * x;");
-        wl!(s, "    }}");
-        s.push_str(&rms);
-        s.push('\n');
-        wl!(s, "#pragma unroll 8");
-        wl!(s, "    for (long long j = threadIdx.x; j < {len}LL; j += {NT}) {{");
-        wl!(s, "      {}", store(&format!("{} / rms", read(x, "in0", &xi))));
+    for (k, body) in [sum, scaled].iter().enumerate() {
+        if k == 1 {
+            wl!(s, "{rms}");
+        }
+        wl!(s, "{unroll}");
+        wl!(s, "    {head}");
+        wl!(s, "      {body}");
         wl!(s, "    }}");
     }
     wl!(s, "  }}");

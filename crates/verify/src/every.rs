@@ -99,46 +99,113 @@ impl Verifier {
         compat: &mut [Vec<bool>],
         evidence: &mut [Vec<Option<Evidence>>],
     ) -> Result<Outcome, VerifyError> {
-        let n = compat.len();
         let mut compared = 0usize;
-        for trial in 0..trials {
-            let src = trial_inputs(self.opts.seed, trial, &self.in_dims);
-            let rv = self.reference_full(trial, &src)?;
-            let cv = run_full(candidate, &src, &self.opts.cancel)?;
-            compared = compared.saturating_add(rv.iter().map(|t| t.data.len()).sum());
-            for r in 0..n {
-                for c in 0..n {
-                    if !compat[r][c] {
-                        continue;
-                    }
-                    let (a, b) = (&rv[r], &cv[c]);
-                    if a.dims != b.dims {
-                        compat[r][c] = false;
-                        continue;
-                    }
-                    let at = a.data.par_iter().zip(&b.data).position_first(|(x, y)| x.p != y.p);
-                    if let Some(i) = at {
-                        compat[r][c] = false;
-                        evidence[r][c] = Some(Evidence {
-                            trial,
-                            index: unravel(i, &a.dims),
-                            reference: a.data[i].p,
-                            candidate: b.data[i].p,
-                        });
-                    }
-                }
-                if !compat[r].iter().any(|&x| x) {
+        // Trials run side by side, as many as fit `PARALLEL_TRIAL_BYTES`, and are compared in
+        // order: the outcome and evidence are those of running them one after another.
+        let batch = trial_batch(&self.reference, candidate);
+        let mut done = 0;
+        while done < trials {
+            let end = done.saturating_add(batch).min(trials);
+            let runs: Vec<Result<_, VerifyError>> = (done..end)
+                .into_par_iter()
+                .map(|trial| {
+                    let src = trial_inputs(self.opts.seed, trial, &self.in_dims);
+                    Ok((self.reference_full(trial, &src)?, run_full(candidate, &src, &self.opts.cancel)?))
+                })
+                .collect();
+            for (trial, run) in (done..end).zip(runs) {
+                let (rv, cv) = run?;
+                if let Some(r) = compare_trial(trial, &rv, &cv, compat, evidence) {
                     return Ok(Outcome::Unmatched(r));
                 }
+                compared = compared.saturating_add(rv.iter().map(|t| t.data.len()).sum());
             }
+            done = end;
         }
         Ok(Outcome::Compared(compared))
     }
 }
 
+/// Compares one trial's whole outputs, ruling out `compat[r][c]` where they differ; returns a
+/// reference output left with no compatible candidate output.
+fn compare_trial(
+    trial: usize,
+    rv: &[Tensor<Fp>],
+    cv: &[Tensor<Fp>],
+    compat: &mut [Vec<bool>],
+    evidence: &mut [Vec<Option<Evidence>>],
+) -> Option<usize> {
+    let n = compat.len();
+    for r in 0..n {
+        for c in 0..n {
+            if !compat[r][c] {
+                continue;
+            }
+            let (a, b) = (&rv[r], &cv[c]);
+            if a.dims != b.dims {
+                compat[r][c] = false;
+                continue;
+            }
+            let at = a.data.par_iter().zip(&b.data).position_first(|(x, y)| x.p != y.p);
+            if let Some(i) = at {
+                compat[r][c] = false;
+                evidence[r][c] = Some(Evidence {
+                    trial,
+                    index: unravel(i, &a.dims),
+                    reference: a.data[i].p,
+                    candidate: b.data[i].p,
+                });
+            }
+        }
+        if !compat[r].iter().any(|&x| x) {
+            return Some(r);
+        }
+    }
+    None
+}
+
+/// Most bytes the kernel-level tensors of trials run side by side may take (an estimate of
+/// what the interpreter holds: every tensor of both graphs, each element an [`Fp`]).
+const PARALLEL_TRIAL_BYTES: usize = 2 << 30;
+
+/// How many trials of `reference` against `candidate` run side by side: as many as the
+/// threads, within [`PARALLEL_TRIAL_BYTES`]; at least one.
+fn trial_batch(reference: &KernelGraph, candidate: &KernelGraph) -> usize {
+    let bytes = |g: &KernelGraph| -> usize {
+        g.tensors
+            .iter()
+            .map(|t| t.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX))
+            .fold(0usize, |a, n| a.saturating_add(n.saturating_mul(std::mem::size_of::<Fp>())))
+    };
+    let per = bytes(reference).saturating_add(bytes(candidate)).max(1);
+    (PARALLEL_TRIAL_BYTES / per).clamp(1, rayon::current_num_threads().max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trials_run_side_by_side_within_the_memory_bound() {
+        use mirage_ugraph::DType;
+        let graph = |dims: &[usize]| {
+            let mut g = KernelGraph::new();
+            let x = g.new_input(dims, DType::Float32, None).unwrap();
+            let y = g.unary(mirage_ugraph::UnaryOp::Exp, x).unwrap();
+            g.mark_output(y, None).unwrap();
+            g
+        };
+        let threads = rayon::current_num_threads().max(1);
+        // Small graphs: a trial a thread.
+        let small = graph(&[4, 4]);
+        assert_eq!(trial_batch(&small, &small), threads);
+        // Two tensors of 2^26 elements in each graph (3 GiB of field elements in all): one.
+        let big = graph(&[1 << 13, 1 << 13]);
+        assert_eq!(trial_batch(&big, &big), 1);
+        // Four tensors of 2^24 elements a trial (805 MB): two side by side.
+        let mid = graph(&[1 << 12, 1 << 12]);
+        assert_eq!(trial_batch(&mid, &mid), 2.min(threads));
+    }
 
     #[test]
     fn unravel_is_row_major() {

@@ -823,7 +823,8 @@ fn own_rows(p: &KernelPlan, bg: &BlockGraph) -> Option<usize> {
             [lead @ .., r, c] if lead.iter().all(|&d| d == 1) => (*r, *c),
             _ => return None,
         };
-        if rows != 64 || w == 0 || cols % w != 0 {
+        // One mapping serves every save: the same row width in each.
+        if rows != 64 || w == 0 || cols % w != 0 || per.is_some_and(|p| p != 16 * cols) {
             return None;
         }
         per = Some(16 * cols);

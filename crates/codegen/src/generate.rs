@@ -352,9 +352,9 @@ pub fn generate(g: &KernelGraph, opts: &Options) -> Result<Program> {
 
 /// Places every needed intermediate tensor (no buffer yet in `buf`) in the workspace; returns
 /// the workspace's size in bytes. Storage: fp32 where the tensor carries sums or `exp` values,
-/// the declared dtype where it is a plain value (`plain_output`, an RMS norm's) or, with `cublas`, where a
-/// predefined matmul reads it (cuBLAS takes two inputs of one storage only, and the user's
-/// program stores it so).
+/// the declared dtype where it is a plain value (`plain_output`, an RMS norm's) or, with
+/// `cublas`, where a predefined matmul reads it (cuBLAS takes two inputs of one storage only,
+/// and the user's program stores it so).
 fn place_intermediates(g: &KernelGraph, opneed: &[bool], cublas: bool, buf: &mut [Option<DevBuffer>]) -> Result<usize> {
     let overflow = || Error::Unsupported("the workspace size overflows".into());
     let mut feeds_matmul = vec![false; g.tensors.len()];

@@ -809,6 +809,11 @@ fn own_rows(p: &KernelPlan, bg: &BlockGraph) -> Option<usize> {
         return None;
     }
     let end = p.steps.iter().position(|(_, st)| *st == Step::FlashEnd)?;
+    // The saves' loop takes the mapping wherever it applies: none may run before the finish,
+    // with every thread still there.
+    if p.steps[..end].iter().any(|(_, st)| matches!(st, Step::GroupSave { .. })) {
+        return None;
+    }
     let finished: Vec<STensorId> = [Some(f.o), f.l, f.x].into_iter().flatten().collect();
     let mut per = None;
     for (_, st) in &p.steps[end + 1..] {

@@ -66,6 +66,16 @@ def test_model_suite_winners_become_one_file_a_cell(sanitize, tmp_path):
     assert [n for n, _ in sanitize.model_winners([str(saved)], names[1], str(tmp_path))] == names[
         1:
     ]
+    # A later file's winner of a cell replaces an earlier one's (a re-run of some cells).
+    g2 = mi.new_kernel_graph()
+    x = g2.new_input(dims=(4, 64), dtype=mi.float16)
+    w = g2.new_input(dims=(64, 32), dtype=mi.float16)
+    g2.mark_output(g2.exp(g2.matmul(x, w)))
+    rerun = tmp_path / "m3-graphs.json"
+    rerun.write_text(json.dumps({names[0]: g2.to_json()}))
+    out = sanitize.model_winners([str(saved), str(rerun)], None, str(tmp_path))
+    assert [n for n, _ in out] == names
+    assert mi.from_json(pathlib.Path(out[0][1]).read_text()).hash() == g2.hash()
 
 
 def test_a_saved_winner_tells_its_weight_layout(sanitize):
@@ -89,3 +99,44 @@ def test_racecheck_runs_the_predefined_matmuls_on_our_kernel(sanitize, monkeypat
     assert "MIRAGE_CUBLAS" not in sanitize.child_env("racecheck", racecheck_cublas=True)
     for tool in ("memcheck", "synccheck"):
         assert "MIRAGE_CUBLAS" not in sanitize.child_env(tool)
+
+
+def test_racecheck_leaves_the_default_matmul_to_its_own_cells(sanitize, monkeypatch):
+    # Under racecheck without cuBLAS the winners' predefined matmuls run on the default
+    # kernel, a stand-in for cuBLAS whose big shapes racecheck does not finish: it is not
+    # instrumented there, but it is in its own cells, which run on it under every tool.
+    monkeypatch.delenv("MIRAGE_CUBLAS", raising=False)
+    exclude = ["--kernel-name-exclude", sanitize.DEFAULT_MATMUL_KERNELS]
+
+    def excludes(cmd: list[str]) -> bool:
+        return any(cmd[i : i + 2] == exclude for i in range(len(cmd)))
+
+    assert excludes(sanitize.sanitizer_command("racecheck", False, "model:x"))
+    assert not excludes(sanitize.sanitizer_command("racecheck", True, "model:x"))
+    assert not excludes(sanitize.sanitizer_command("racecheck", False, sanitize.DEFAULT_MATMUL))
+    for tool in ("memcheck", "synccheck"):
+        assert not excludes(sanitize.sanitizer_command(tool, False, "attention"))
+        env = sanitize.child_env(tool, kind=sanitize.DEFAULT_MATMUL)
+        assert env["MIRAGE_CUBLAS"] == "0"
+
+
+def test_default_matmul_cells_have_tails_and_run_on_the_cpu(sanitize, tmp_path):
+    # Each cell is one predefined matmul whose m, n and k are not multiples of the kernel's
+    # tiles (64, 64, 32), so racecheck sees its partial tiles; the graph computes the product.
+    import pathlib
+
+    import mirage as mi
+    import torch
+
+    files = sanitize.default_matmul_files(str(tmp_path))
+    assert len(files) == len(sanitize.DEFAULT_MATMUL_CELLS)
+    gen = torch.Generator().manual_seed(0)
+    for (_, a_dims, b_dims, dt), (_, path) in zip(sanitize.DEFAULT_MATMUL_CELLS, files):
+        m, k, n = a_dims[-2], a_dims[-1], b_dims[-1]
+        assert m % 64 and n % 64 and k % 32
+        g = mi.from_json(pathlib.Path(path).read_text())
+        dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dt]
+        a, b = (torch.randn(*d, generator=gen).to(dtype) for d in (a_dims, b_dims))
+        (out,) = g.run([a, b])
+        ref = a.double() @ b.double()
+        assert float((out.double() - ref).norm() / ref.norm()) < 2e-2

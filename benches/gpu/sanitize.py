@@ -20,6 +20,12 @@ float64 reference as ``models.py`` does (``--cells`` picks some by name)::
 
     python benches/gpu/sanitize.py --models benches/gpu/results/<run>/m1-graphs.json
 
+``--jobs N`` runs N sanitizer processes at once on the one GPU. ``--default-matmul`` adds the
+default matmul kernel's own cells (``DEFAULT_MATMUL_CELLS``, tails on every dim): under
+racecheck with the predefined matmuls off cuBLAS the winners' big matmuls run on that kernel,
+which is then left uninstrumented (racecheck does not finish 8192 x 8192 on it); its cells
+check its one form at shapes racecheck does finish.
+
 A tool's line reads ``errors`` (memcheck/synccheck errors, racecheck hazards reported as
 errors) and ``warnings`` (racecheck's), from compute-sanitizer's summary lines; ``rel_err`` is
 the child's ``||out - ref|| / ||ref||`` (it must be below 1e-2).
@@ -35,8 +41,10 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -92,6 +100,22 @@ def parse_report(text: str) -> dict[str, Any]:
 #: A child's ``--kind`` for a model-suite cell: this prefix, then the cell's name.
 MODEL_KIND = "model:"
 
+#: A child's ``--kind`` for one predefined matmul on the default kernel (``MIRAGE_CUBLAS=0``).
+DEFAULT_MATMUL = "default_matmul"
+
+#: The default matmul's cells: ``(name, a dims, b dims, dtype)``, tails on m, n and k (the
+#: kernel has one form for every shape: 64x64 output tiles, k in steps of 32, partial tiles
+#: zero-padded), batched and not, fp16 and bf16.
+DEFAULT_MATMUL_CELLS = (
+    ("default_matmul_f16", (3, 100, 70), (3, 70, 130), "f16"),
+    ("default_matmul_bf16", (129, 200), (200, 67), "bf16"),
+)
+
+#: Kernel names of the default matmul (``mi_k<i>_matmul``): under racecheck, where the
+#: winners' predefined matmuls stand in for cuBLAS on this kernel, it is not instrumented
+#: (its own cells above check it, at shapes racecheck finishes).
+DEFAULT_MATMUL_KERNELS = "kns=_matmul"
+
 
 def run_child(path: str, kind: str, seed: int) -> dict[str, Any]:
     """Loads a winner, runs it once on fresh inputs (outputs poisoned), compares with float64:
@@ -105,7 +129,15 @@ def run_child(path: str, kind: str, seed: int) -> dict[str, Any]:
     with open(path, encoding="utf-8") as f:
         graph = mi.from_json(f.read())
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    if kind.startswith(MODEL_KIND):
+    if kind == DEFAULT_MATMUL:
+        a_dims, b_dims = (tuple(t.dims) for t in graph.inputs)
+        dt = graph.inputs[0].dtype.to_torch()
+        xs = [
+            (torch.randn(*d, generator=gen, device="cuda") * s).to(dt)
+            for d, s in ((a_dims, 1.0), (b_dims, a_dims[-1] ** -0.5))
+        ]
+        ref, tol = (lambda: xs[0].double() @ xs[1].double()), 2e-2
+    elif kind.startswith(MODEL_KIND):
         import models
 
         cell = models.ms.parse_cell(kind[len(MODEL_KIND) :])
@@ -131,19 +163,22 @@ def weight_layout(graph: Any) -> str:
 def model_winners(files: Sequence[str], cells: str | None, workdir: str) -> list[tuple[str, str]]:
     """(cell name, graph file) of every winner in the model suite's saved-graph files (cell
     name -> graph JSON), each written to ``workdir`` as a file of its own; ``cells`` (comma-
-    separated names) keeps those only, in the files' order."""
+    separated names) keeps those only, in the files' order. A cell in more than one file takes
+    the last file's winner (a later run of some cells, as ``models.py --merge`` reads them)."""
     wanted = set(cells.split(",")) if cells else None
-    out: list[tuple[str, str]] = []
+    texts: dict[str, Any] = {}
     for path in files:
         with open(path, encoding="utf-8") as f:
             graphs = json.load(f)
         for name, text in graphs.items():
-            if wanted is not None and name not in wanted:
-                continue
-            file = os.path.join(workdir, "model_" + re.sub(r"[^A-Za-z0-9.]+", "_", name) + ".json")
-            with open(file, "w", encoding="utf-8") as f:
-                f.write(text if isinstance(text, str) else json.dumps(text))
-            out.append((name, file))
+            if wanted is None or name in wanted:
+                texts[name] = text
+    out: list[tuple[str, str]] = []
+    for name, text in texts.items():
+        file = os.path.join(workdir, "model_" + re.sub(r"[^A-Za-z0-9.]+", "_", name) + ".json")
+        with open(file, "w", encoding="utf-8") as f:
+            f.write(text if isinstance(text, str) else json.dumps(text))
+        out.append((name, file))
     return out
 
 
@@ -167,13 +202,44 @@ def winner_file(
     return path
 
 
-def child_env(tool: str, racecheck_cublas: bool = False) -> dict[str, str]:
+def default_matmul_files(workdir: str) -> list[tuple[str, str]]:
+    """(name, graph file) of each default-matmul cell: one predefined matmul, written to
+    ``workdir``."""
+    import mirage as mi
+
+    out = []
+    for name, a_dims, b_dims, dt in DEFAULT_MATMUL_CELLS:
+        dtype = {"f16": mi.float16, "bf16": mi.bfloat16}[dt]
+        g = mi.new_kernel_graph()
+        a = g.new_input(a_dims, dtype=dtype)
+        b = g.new_input(b_dims, dtype=dtype)
+        g.mark_output(g.matmul(a, b))
+        path = os.path.join(workdir, name + ".json")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(g.to_json())
+        out.append((name, path))
+    return out
+
+
+def child_env(tool: str, racecheck_cublas: bool = False, kind: str = "") -> dict[str, str]:
     """The environment of a sanitizer run of ``tool``: this process's, with the predefined
-    matmuls on our default kernel under racecheck unless ``racecheck_cublas``."""
+    matmuls on our default kernel under racecheck unless ``racecheck_cublas``, and always
+    for the default-matmul cells."""
     env = dict(os.environ)
-    if tool == "racecheck" and not racecheck_cublas:
+    if (tool == "racecheck" and not racecheck_cublas) or kind == DEFAULT_MATMUL:
         env["MIRAGE_CUBLAS"] = "0"
     return env
+
+
+def sanitizer_command(tool: str, cublas: bool, kind: str) -> list[str]:
+    """compute-sanitizer's arguments for ``tool``: our kernels only (``mi_k*``), and under
+    racecheck without cuBLAS not the default matmul either, except in its own cells."""
+    cmd = ["compute-sanitizer", "--tool", tool, "--kernel-name", "kns=mi_k", "--print-limit", "64"]
+    if tool == "racecheck":
+        cmd += ["--racecheck-report", "all"]
+        if not cublas and kind != DEFAULT_MATMUL:
+            cmd += ["--kernel-name-exclude", DEFAULT_MATMUL_KERNELS]
+    return cmd
 
 
 def sanitize(
@@ -188,19 +254,9 @@ def sanitize(
     predefined matmuls run on our default kernel (``MIRAGE_CUBLAS=0``) unless
     ``racecheck_cublas``: on some of cuBLASLt's kernels racecheck stops with an internal
     sanitizer error even when it is told to check only ours."""
-    env = child_env(tool, racecheck_cublas)
+    env = child_env(tool, racecheck_cublas, kind)
     cublas = env.get("MIRAGE_CUBLAS") != "0"
-    cmd = [
-        "compute-sanitizer",
-        "--tool",
-        tool,
-        "--kernel-name",
-        "kns=mi_k",
-        "--print-limit",
-        "64",
-    ]
-    if tool == "racecheck":
-        cmd += ["--racecheck-report", "all"]
+    cmd = sanitizer_command(tool, cublas, kind)
     cmd += [sys.executable, os.path.abspath(__file__), "--child", path, "--kind", kind]
     t0 = time.perf_counter()
     try:
@@ -253,6 +309,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--time-budget", type=float, default=None, help="search seconds per cell")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per sanitizer run")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--jobs", type=int, default=1, help="sanitizer runs at once (one GPU)")
+    ap.add_argument(
+        "--default-matmul",
+        action="store_true",
+        help="add the default matmul kernel's own cells (run on it, racecheck included)",
+    )
     ap.add_argument("--log", default=None, help="folder for each run's whole output")
     ap.add_argument(
         "--racecheck-cublas",
@@ -273,10 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (workload, batch, child kind, winner file) of every run: the model suite's cells, or
     # the paper suite's workloads at each batch.
     todo: list[tuple[str, int, str, str]] = []
-    if args.models:
-        for name, path in model_winners(args.models, args.cells, args.workdir):
-            todo.append((name, 0, MODEL_KIND + name, path))
-    else:
+    for name, path in model_winners(args.models, args.cells, args.workdir):
+        todo.append((name, 0, MODEL_KIND + name, path))
+    if args.graphs or args.only or not (args.models or args.default_matmul):
         names = [w.name for w in bench.WORKLOADS]
         if args.only:
             names = [n for n in names if n in args.only.split(",")]
@@ -286,17 +347,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 todo.append(
                     (name, b, kinds[name], winner_file(name, b, args.graphs, args.workdir, args))
                 )
-    rows: list[dict[str, Any]] = []
-    for name, b, kind, path in todo:
-        for tool in args.tools.split(","):
-            r = sanitize(path, kind, tool, args.timeout, args.log, args.racecheck_cublas)
-            r.update({"workload": name, "batch": b, "graph": os.path.basename(path)})
-            rows.append(r)
+    if args.default_matmul:
+        todo += [(n, 0, DEFAULT_MATMUL, p) for n, p in default_matmul_files(args.workdir)]
+    runs = [(cell, tool) for cell in todo for tool in args.tools.split(",")]
+    runs.sort(key=lambda r: r[1] != "racecheck")  # the slowest first, for a short tail
+    rows: list[dict[str, Any] | None] = [None] * len(runs)
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        (name, b, kind, path), tool = runs[i]
+        r = sanitize(path, kind, tool, args.timeout, args.log, args.racecheck_cublas)
+        r.update({"workload": name, "batch": b, "graph": os.path.basename(path)})
+        with lock:
+            rows[i] = r
             print(json.dumps(r)[:400], flush=True)
             if args.json:
                 with open(args.json, "w", encoding="utf-8") as f:
-                    json.dump(rows, f, indent=1)
-    return summarize(rows)
+                    json.dump([x for x in rows if x is not None], f, indent=1)
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        list(pool.map(one, range(len(runs))))
+    return summarize([r for r in rows if r is not None])
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> int:

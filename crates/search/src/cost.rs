@@ -4,7 +4,9 @@
 //! flops / peak + streamed-operand flops / their rate) / wave utilisation, waves * loop steps *
 //! step latency) + launch overhead + exposed memory latency`. The exposed latency is one DRAM
 //! round trip per wave when the generated kernel multi-buffers its per-iteration tiles
-//! (`BlockGraph::pipeline_stages` > 1), one per loop iteration when it cannot. An element-wise
+//! (`BlockGraph::pipeline_stages` > 1), one per loop iteration when it cannot: when the stages
+//! do not fit, or when a streamed 16-bit tile's rows are not whole 16-byte chunks
+//! ([`vector_tile`]: the code generator copies it element by element through registers). An element-wise
 //! graph (`BlockGraph::is_elementwise`, kept in registers with its loop unrolled) has no
 //! barrier in its loop steps and all its loads in flight at once.
 //! A customized kernel reads each device input once from DRAM (replicated tiles are served by
@@ -18,7 +20,7 @@
 //! Defaults are the H100 numbers of docs/reference.md (baselines on the H100); the SM count,
 //! pipelining budgets and cluster rules come from the [`Target`] the functions are given.
 
-use mirage_ugraph::{BlockGraph, BlockOpKind, KernelGraph, KernelOpKind, Phase, Target};
+use mirage_ugraph::{BlockGraph, BlockOpKind, DType, KernelGraph, KernelOpKind, Phase, Target};
 
 /// Machine parameters of the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,6 +104,17 @@ impl Cost {
     }
 }
 
+/// Whether the code generator copies a block input tile of `tile` dims from a row-major device
+/// tensor of `dev` dims 16 bytes at a time (`cp.async`): the tile's rows whole 16-byte chunks,
+/// and so the device rows wherever a dim above the last is larger than 1. Otherwise a 16-bit
+/// tile goes element by element through registers (an fp32 one by 4-byte `cp.async`).
+pub fn vector_tile(dev: &[usize], tile: &[usize], dtype: DType) -> bool {
+    let es = dtype.size_bytes();
+    let (Some(&inner), Some(&row)) = (tile.last(), dev.last()) else { return false };
+    let outer = dev.len().saturating_sub(1);
+    (inner * es).is_multiple_of(16) && ((row * es).is_multiple_of(16) || dev[..outer].iter().all(|&d| d == 1))
+}
+
 fn numel(d: &[usize]) -> u64 {
     d.iter().map(|&x| x as u64).product()
 }
@@ -153,7 +166,8 @@ fn launch_cost(bg: &BlockGraph, m: &CostModel, t: &Target, cs: u64) -> Cost {
     let mut c = Cost { launches: 1, shared_memory: bg.shared_memory_upper_bound(), ..Cost::default() };
     let mut flops_per_block = 0u64;
     let (staged, other) = stage_bytes(bg);
-    let stages = bg.pipeline_stages(staged, other, t);
+    let mut stages = bg.pipeline_stages(staged, other, t);
+
     for op in &bg.ops {
         let times = match op.outputs.first().map(|&t| bg.tensors[t].phase) {
             Some(Phase::Loop) => f,
@@ -161,10 +175,15 @@ fn launch_cost(bg: &BlockGraph, m: &CostModel, t: &Target, cs: u64) -> Cost {
         };
         let dims = |i: usize| bg.tensors[op.inputs[i]].dims.as_slice();
         match &op.kind {
-            BlockOpKind::Input { dims: dev, dtype, .. } => {
+            BlockOpKind::Input { dims: dev, dtype, forloop_dim, .. } => {
                 let tile = &bg.tensors[op.outputs[0]];
                 c.dram_bytes += numel(dev) * dtype.size_bytes() as u64;
                 c.l2_bytes += numel(&tile.dims) * tile.dtype.size_bytes() as u64 * times * blocks;
+                // A streamed 16-bit tile copied element by element: its plain loads stall their
+                // own iteration, no copy runs ahead.
+                if *forloop_dim >= 0 && dtype.size_bytes() == 2 && !vector_tile(dev, &tile.dims, *dtype) {
+                    stages = 1;
+                }
             }
             BlockOpKind::Output { .. } => {
                 let t = &bg.tensors[op.inputs[0]];
@@ -348,5 +367,36 @@ mod tests {
         let est = block_graph_cost(&reg, &m, &H100).est_us;
         assert!(est < 64.0 * m.loop_step_us / 4.0, "register loop {est} us");
         assert!(block_graph_cost(&gen, &m, &H100).est_us >= 64.0 * m.loop_step_us, "general loop");
+    }
+
+    /// Decode-shaped `Q K` (head dim 16) over `keys` in `frange` tiles of `keys / frange`.
+    fn qk(keys: usize, frange: usize) -> BlockGraph {
+        let mut bg = BlockGraph::new([8, 1, 1], [128, 1, 1], frange, 64).expect("grid");
+        let q = bg.new_input(&[8, 4, 16], DType::Bfloat16, [0, -1, -1], -1).expect("q");
+        let k = bg.new_input(&[8, 16, keys], DType::Bfloat16, [0, -1, -1], 2).expect("k");
+        let s = bg.matmul(q, k).expect("matmul");
+        let acc = bg.forloop_accum(s, Accum::None).expect("accum");
+        bg.new_output(acc, [0, -1, -1], -1).expect("output");
+        bg
+    }
+
+    #[test]
+    fn ragged_streamed_tiles_are_copied_element_by_element_without_multi_buffering() {
+        // Rows of whole 16-byte chunks, or a device tensor whose outer dims are all 1.
+        assert!(vector_tile(&[8, 128, 32000], &[1, 128, 64], DType::Bfloat16));
+        assert!(!vector_tile(&[8, 128, 32000], &[1, 128, 125], DType::Bfloat16));
+        // A device row of 32,002 elements is not whole chunks: the tile's rows start misaligned.
+        assert!(!vector_tile(&[8, 128, 32002], &[1, 128, 64], DType::Bfloat16));
+        assert!(vector_tile(&[1, 1, 100], &[1, 1, 8], DType::Float16));
+        assert!(vector_tile(&[64, 64], &[16, 4], DType::Float32));
+        // 32,000 keys in 64 tiles of 500 (rows of 1000 bytes) against 32,768 in 64 of 512:
+        // about the same bytes a step, but the ragged loop waits a DRAM round trip every step.
+        let m = CostModel::default();
+        let (ragged, whole) = (qk(32000, 64), qk(32768, 64));
+        let (pr, pw) = (stage_bytes(&ragged), stage_bytes(&whole));
+        assert!(ragged.pipeline_stages(pr.0, pr.1, &H100) > 1 && whole.pipeline_stages(pw.0, pw.1, &H100) > 1);
+        // One block a head, without the cluster split `block_graph_cost` would price.
+        let (er, ew) = (launch_cost(&ragged, &m, &H100, 1).est_us, launch_cost(&whole, &m, &H100, 1).est_us);
+        assert!(er >= ew + 56.0 * m.dram_latency_us, "ragged {er} us, whole {ew} us");
     }
 }

@@ -38,6 +38,7 @@ use crate::cost::{block_graph_cost, Cost};
 use crate::expr::{op_term, LoopCtx, OpRef};
 use crate::labels::{Label, LabelInfo};
 use crate::oracle::ExprOracle;
+use crate::sizes;
 
 /// What the search knows about a device tensor: shape, labels and abstract term.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -273,11 +274,20 @@ pub(crate) fn count_plans(env: &Env<'_>, inputs: &[TensorInfo], mode: Mode<'_>) 
     plans(env, inputs, mode).len()
 }
 
-fn size_options(env: &Env<'_>, s: usize) -> Vec<usize> {
+/// Whether reduction label `l` of size `s` gets derived grid sizes and loop ranges
+/// ([`crate::sizes`]).
+fn derives(env: &Env<'_>, l: Label, s: usize) -> bool {
+    !env.parallel(l) && sizes::needs_derived(s, &env.cfg.grid_sizes, &env.franges)
+}
+
+fn size_options(env: &Env<'_>, l: Label, s: usize) -> Vec<usize> {
     let mut v: Vec<usize> =
         env.cfg.grid_sizes.iter().copied().filter(|&g| g > 1 && g <= s && s.is_multiple_of(g)).collect();
     if s > 1 && s <= env.cfg.max_full_split {
         v.push(s);
+    }
+    if derives(env, l, s) {
+        v.extend(sizes::derived_grid_sizes(s, &env.cfg.grid_sizes).into_iter().filter(|&g| g < s));
     }
     v.sort_unstable();
     v.dedup();
@@ -322,7 +332,16 @@ fn plans(env: &Env<'_>, inputs: &[TensorInfo], mode: Mode<'_>) -> Vec<Plan> {
     }
     let mut out = Vec::new();
     for &(grid, axis) in &grids {
-        for &(loop_label, frange) in &loops {
+        // Loops over whole tiles of a block's share of an index the configured ranges cut
+        // only into ragged tiles.
+        let mut derived: Vec<(Option<Label>, usize)> = Vec::new();
+        for &(l, s) in labs.iter().filter(|&&(l, s)| derives(env, l, s)) {
+            let split: usize = (0..3).filter(|&a| axis[a] == Some(l)).map(|a| grid[a]).product();
+            if s.is_multiple_of(split) {
+                derived.extend(sizes::derived_ranges(s / split, &env.franges).into_iter().map(|f| (Some(l), f)));
+            }
+        }
+        for &(loop_label, frange) in loops.iter().chain(&derived) {
             let Some(ins) = plan_inputs(env, inputs, grid, axis, loop_label, frange) else { continue };
             let smem: usize = ins.iter().zip(inputs).map(|(p, t)| p.tile.numel() * t.dtype.size_bytes()).sum();
             if smem > cfg.shared_memory_limit {
@@ -374,7 +393,7 @@ fn generated_grids(
         if !eligible(l) || reductions + red > 1 {
             continue;
         }
-        for g in size_options(env, s) {
+        for g in size_options(env, l, s) {
             if blocks * g > env.cfg.max_blocks {
                 continue;
             }

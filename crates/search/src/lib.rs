@@ -27,6 +27,7 @@ pub mod labels;
 pub mod online_softmax;
 pub mod oracle;
 pub mod search;
+pub mod sizes;
 pub mod verify;
 
 pub use axioms::{SaturationLimits, SaturationReport};

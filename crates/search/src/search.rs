@@ -30,9 +30,10 @@ use crate::cost::{block_graph_cost, kernel_graph_cost, stage_bytes, Cost, CostMo
 use crate::error::{Result, SearchError};
 use crate::expr::{op_term, OpRef};
 use crate::generator::{count_plans, search_block_graphs, unary_ops, BlockSolution, Env, Mode, TensorInfo};
-use crate::labels::{analyze, Label};
+use crate::labels::{analyze, Label, LabelInfo};
 use crate::online_softmax::rewrite_online_softmax;
 use crate::oracle::ExprOracle;
+use crate::sizes;
 use crate::verify::{Checker, Verification};
 
 /// A µGraph equivalent (abstractly, and as checked) to the reference.
@@ -213,6 +214,20 @@ fn check_config(cfg: &SearchConfig) -> Result<()> {
     Ok(())
 }
 
+/// The sizes the e-graph may split sums by: the configuration's ([`SearchConfig::sum_factors`])
+/// and those derived from the program's reduction indices ([`crate::sizes`]).
+fn sum_factors(cfg: &SearchConfig, labels: &LabelInfo) -> Vec<u64> {
+    let reductions: Vec<usize> = (0..labels.sizes.len())
+        .filter(|&i| u16::try_from(i).is_ok_and(|i| !labels.is_parallel(Label::Index(i))))
+        .map(|i| labels.sizes[i])
+        .collect();
+    let mut f = cfg.sum_factors();
+    f.extend(sizes::derived_factors(&reductions, &cfg.grid_sizes, &cfg.franges()));
+    f.sort_unstable();
+    f.dedup();
+    f
+}
+
 fn run(reference: &KernelGraph, cfg: &SearchConfig, start: std::time::Instant) -> Result<SearchResult> {
     if reference.ops.is_empty() {
         return Err(SearchError::EmptyGraph);
@@ -222,7 +237,7 @@ fn run(reference: &KernelGraph, cfg: &SearchConfig, start: std::time::Instant) -
         return Err(SearchError::NoOutput);
     }
     let labels = analyze(reference)?;
-    let oracle = ExprOracle::with_labels(reference, &labels, &cfg.sum_factors(), &cfg.saturation)?;
+    let oracle = ExprOracle::with_labels(reference, &labels, &sum_factors(cfg, &labels), &cfg.saturation)?;
     let ctl = Control::new(cfg, start);
     let env = Env {
         oracle: &oracle,

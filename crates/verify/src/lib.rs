@@ -70,6 +70,7 @@ pub mod inputs;
 pub mod lax;
 pub mod lowp;
 pub mod matching;
+pub mod mutants;
 pub mod sample;
 
 pub use check::{equivalent, Options, Verdict, Verifier};

@@ -2,129 +2,15 @@
 //! column, one tile, the tail tile or one column at a tile boundary, and nowhere else. Every-
 //! element coverage must reject all of them; the fused µGraphs must still be accepted.
 //!
-//! Construction: both graphs add to the zoo program's output a delta assembled by a block graph
-//! that concatenates input pieces (a 3x3 partition of the output's last two dims around the
-//! chosen box). The mutant scales the box's piece by 2 inside that block graph, so its float
-//! result differs exactly on the box (checked with the f64 interpreter).
+//! Construction: `mirage_verify::mutants` (a delta added to the output, scaled by 2 on the box
+//! in the mutant; the f64 interpreter checks that it differs there only).
 
 mod common;
 
-use common::{float_inputs, small_pairs};
+use common::small_pairs;
 use mirage_ugraph::zoo::Pair;
-use mirage_ugraph::{run, BinaryOp, BlockGraph, DType, KernelGraph, UnaryOp};
-use mirage_verify::sample::tiles;
-use mirage_verify::{Coverage, Options, Verdict};
-
-/// A box of the last two dims of an output: rows `[r0, r1)`, columns `[c0, c1)`.
-#[derive(Debug, Clone, Copy)]
-struct Boxed {
-    r0: usize,
-    r1: usize,
-    c0: usize,
-    c1: usize,
-}
-
-/// `[0, n)` cut at `a` and `b`: the non-empty pieces `(start, len, is_middle)`.
-fn cuts(n: usize, a: usize, b: usize) -> Vec<(usize, usize, bool)> {
-    [(0, a, false), (a, b - a, true), (b, n - b, false)].into_iter().filter(|p| p.1 > 0).collect()
-}
-
-/// `base` with its first output replaced by `output + delta`, where delta is assembled from new
-/// graph inputs (one per piece of the 3x3 partition around `bx`), its box piece scaled by
-/// `scale` when given.
-fn with_delta(base: &KernelGraph, bx: Boxed, scale: Option<f32>) -> KernelGraph {
-    let mut g = base.clone();
-    let out = g.output_ids()[0];
-    let dims = g.tensors[out].dims.clone();
-    let dt = g.tensors[out].dtype;
-    let r = dims.len();
-    let (m, n) = (dims[r - 2], dims[r - 1]);
-    let mut tb = BlockGraph::new([1, 1, 1], [128, 1, 1], 1, 64).unwrap();
-    let mut ins = Vec::new();
-    let mut rows = Vec::new();
-    for (r_start, r_len, r_mid) in cuts(m, bx.r0, bx.r1) {
-        let _ = r_start;
-        let mut row = None;
-        for (_, c_len, c_mid) in cuts(n, bx.c0, bx.c1) {
-            let mut d = dims.clone();
-            d[r - 2] = r_len;
-            d[r - 1] = c_len;
-            ins.push(g.new_input(&d, dt, None).unwrap());
-            let mut t = tb.new_input(&d, dt, [-1, -1, -1], -1).unwrap();
-            if let (true, true, Some(s)) = (r_mid, c_mid, scale) {
-                t = tb.unary(UnaryOp::MulScalar { scalar: s }, t).unwrap();
-            }
-            row = Some(match row {
-                None => t,
-                Some(acc) => tb.concat(acc, t, r as i64 - 1).unwrap(),
-            });
-        }
-        rows.push(row.unwrap());
-    }
-    let delta = rows.into_iter().reduce(|a, b| tb.concat(a, b, r as i64 - 2).unwrap()).unwrap();
-    tb.new_output(delta, [-1, -1, -1], -1).unwrap();
-    let d = g.customized(&ins, tb).unwrap()[0];
-    let sum = g.binary(BinaryOp::Add, out, d).unwrap();
-    g.outputs[0].tensor = sum;
-    g.revalidate().unwrap()
-}
-
-/// The sparse boxes of an output `[.., m, n]` whose fused µGraph writes `tiles`.
-fn boxes(g: &KernelGraph) -> Vec<(&'static str, Boxed)> {
-    let out = g.output_ids()[0];
-    let dims = &g.tensors[out].dims;
-    let r = dims.len();
-    let (m, n) = (dims[r - 2], dims[r - 1]);
-    let ts = tiles(g, out, 1 << 20, 0);
-    let tile_box = |i: usize| {
-        let t = &ts[i];
-        Boxed {
-            r0: t.start[r - 2],
-            r1: t.start[r - 2] + t.extent[r - 2],
-            c0: t.start[r - 1],
-            c1: t.start[r - 1] + t.extent[r - 1],
-        }
-    };
-    let (tile, tail) = if ts.len() >= 3 {
-        (tile_box(ts.len() / 2), tile_box(ts.len() - 1))
-    } else {
-        (Boxed { r0: 0, r1: m.div_ceil(2), c0: 0, c1: n.div_ceil(2) }, Boxed { r0: m / 2, r1: m, c0: n / 2, c1: n })
-    };
-    // The first column (or row) of the second tile: an off-by-one at a tile boundary.
-    let boundary = match ts.get(1) {
-        Some(t) if t.start[r - 1] > 0 => Boxed { r0: 0, r1: m, c0: t.start[r - 1], c1: t.start[r - 1] + 1 },
-        Some(t) if t.start[r - 2] > 0 => Boxed { r0: t.start[r - 2], r1: t.start[r - 2] + 1, c0: 0, c1: n },
-        _ => Boxed { r0: 0, r1: m, c0: n / 2, c1: n / 2 + 1 },
-    };
-    vec![
-        ("element", Boxed { r0: m / 3, r1: m / 3 + 1, c0: n / 3, c1: n / 3 + 1 }),
-        ("row", Boxed { r0: m / 2, r1: m / 2 + 1, c0: 0, c1: n }),
-        ("column", Boxed { r0: 0, r1: m, c0: 2 * n / 3, c1: 2 * n / 3 + 1 }),
-        ("tile", tile),
-        ("tail tile", tail),
-        ("boundary", boundary),
-    ]
-}
-
-/// Asserts that the f64 outputs of `a` and `b` differ inside `bx` and agree outside it.
-fn assert_differs_only_in(a: &KernelGraph, b: &KernelGraph, bx: Boxed, what: &str) {
-    let ins = float_inputs(a, 3);
-    let (x, y) = (run(a, &ins).unwrap(), run(b, &ins).unwrap());
-    let dims = &x[0].dims;
-    let r = dims.len();
-    let (m, n) = (dims[r - 2], dims[r - 1]);
-    let (mut inside, mut outside) = (0.0f64, 0.0f64);
-    for (i, (u, v)) in x[0].data.iter().zip(&y[0].data).enumerate() {
-        let (row, col) = ((i / n) % m, i % n);
-        let d = (u - v).abs();
-        if (bx.r0..bx.r1).contains(&row) && (bx.c0..bx.c1).contains(&col) {
-            inside = inside.max(d);
-        } else {
-            outside = outside.max(d);
-        }
-    }
-    assert!(inside > 1e-3 && outside < 1e-9, "{what}: inside {inside}, outside {outside}");
-}
+use mirage_ugraph::{BlockGraph, DType, KernelGraph, UnaryOp};
+use mirage_verify::{mutants, Coverage, Options, Verdict};
 
 fn every() -> Options {
     Options { coverage: Coverage::Every, float_check: false, ..Options::default() }
@@ -133,27 +19,12 @@ fn every() -> Options {
 /// Checks one zoo pair: its sparse mutants are rejected, the fused µGraph accepted. Returns how
 /// many mutants the sampled coverage accepted (reported, not asserted: it is not sound for them).
 fn check_pair(p: &Pair) -> usize {
-    let sampled = Options { float_check: false, ..Options::default() };
-    let mut sampled_accepts = 0;
-    for (what, bx) in boxes(&p.ugraph) {
-        let what = format!("{} {what} {bx:?}", p.name);
-        let reference = with_delta(&p.reference, bx, None);
-        let fused = with_delta(&p.ugraph, bx, None);
-        let mutant = with_delta(&p.ugraph, bx, Some(2.0));
-        assert_differs_only_in(&reference, &mutant, bx, &what);
-        let v = mirage_verify::equivalent(&reference, &fused, &every()).unwrap();
-        assert!(matches!(v, Verdict::Equivalent { coverage: Coverage::Every, .. }), "{what}: fused rejected: {v:?}");
-        let v = mirage_verify::equivalent(&reference, &mutant, &every()).unwrap();
-        assert!(!v.is_equivalent(), "{what}: false accept: {v:?}");
-        if let Verdict::NotEquivalent { index, .. } = &v {
-            let (row, col) = (index[index.len() - 2], index[index.len() - 1]);
-            assert!((bx.r0..bx.r1).contains(&row) && (bx.c0..bx.c1).contains(&col), "{what}: {index:?}");
-        }
-        if mirage_verify::equivalent(&reference, &mutant, &sampled).unwrap().is_equivalent() {
-            sampled_accepts += 1;
-        }
+    let outcomes = mutants::check_pair(&p.reference, &p.ugraph, &p.name).unwrap();
+    assert_eq!(outcomes.len(), 6, "{}", p.name);
+    for m in &outcomes {
+        assert!(m.sound(), "{m:?}");
     }
-    sampled_accepts
+    outcomes.iter().filter(|m| m.sampled_accepted).count()
 }
 
 #[test]

@@ -6,9 +6,9 @@
 //! round trip per wave when the generated kernel multi-buffers its per-iteration tiles
 //! (`BlockGraph::pipeline_stages` > 1), one per loop iteration when it cannot: when the stages
 //! do not fit, or when a streamed 16-bit tile's rows are not whole 16-byte chunks
-//! ([`vector_tile`]: the code generator copies it element by element through registers). An element-wise
-//! graph (`BlockGraph::is_elementwise`, kept in registers with its loop unrolled) has no
-//! barrier in its loop steps and all its loads in flight at once.
+//! ([`vector_tile`]: the code generator copies it element by element through registers). An
+//! element-wise graph (`BlockGraph::is_elementwise`, kept in registers with its loop unrolled)
+//! has no barrier in its loop steps and all its loads in flight at once.
 //! A customized kernel reads each device input once from DRAM (replicated tiles are served by
 //! L2) and writes its outputs once; every tile load of every block and iteration is L2 traffic.
 //! Wave utilisation is `blocks / (waves * SMs)`: a grid smaller than the GPU leaves SMs idle,
@@ -112,7 +112,8 @@ pub fn vector_tile(dev: &[usize], tile: &[usize], dtype: DType) -> bool {
     let es = dtype.size_bytes();
     let (Some(&inner), Some(&row)) = (tile.last(), dev.last()) else { return false };
     let outer = dev.len().saturating_sub(1);
-    (inner * es).is_multiple_of(16) && ((row * es).is_multiple_of(16) || dev[..outer].iter().all(|&d| d == 1))
+    inner.saturating_mul(es).is_multiple_of(16)
+        && (row.saturating_mul(es).is_multiple_of(16) || dev[..outer].iter().all(|&d| d == 1))
 }
 
 fn numel(d: &[usize]) -> u64 {
@@ -167,7 +168,6 @@ fn launch_cost(bg: &BlockGraph, m: &CostModel, t: &Target, cs: u64) -> Cost {
     let mut flops_per_block = 0u64;
     let (staged, other) = stage_bytes(bg);
     let mut stages = bg.pipeline_stages(staged, other, t);
-
     for op in &bg.ops {
         let times = match op.outputs.first().map(|&t| bg.tensors[t].phase) {
             Some(Phase::Loop) => f,

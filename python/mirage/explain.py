@@ -275,6 +275,11 @@ def explain(
 
 
 # ------------------------------------------------------------------ superoptimize's summary
+def cached_tag(selection: Mapping[str, Any]) -> str:
+    """``", cached timings"`` where a selection's GPU timings came from the search cache."""
+    return ", cached timings" if selection.get("method") == "profiled (cached)" else ""
+
+
 def summary(result: KNGraph, stats: Mapping[str, Any], index: int, considered: int) -> str:
     """One line saying which candidate ``superoptimize`` chose (``index`` of ``considered``)
     and why: its kernel ops and launches, the cost model's time, the measured time when
@@ -293,8 +298,7 @@ def summary(result: KNGraph, stats: Mapping[str, Any], index: int, considered: i
     if str(sel.get("method", "")).startswith("profiled") and win["hash"] in timings:
         us = timings[win["hash"]]
         rank = "fastest of" if us <= min(timings.values()) else "among"
-        cached = ", cached timings" if sel["method"] == "profiled (cached)" else ""
-        line += f", measured {us:.2f} us ({rank} {len(timings)} profiled{cached})"
+        line += f", measured {us:.2f} us ({rank} {len(timings)} profiled{cached_tag(sel)})"
     else:
         why = sel.get("reason")
         line += " (cheapest verified" + (f"; {why}" if why else "") + ")"

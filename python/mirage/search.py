@@ -71,7 +71,7 @@ from ._search_cache import (
     _switches_tag,
     default_cache_dir,
 )
-from .explain import summary
+from .explain import cached_tag, summary
 from .kernel import KNGraph
 
 __all__ = [
@@ -552,11 +552,10 @@ def superoptimize(
     if winner < 0:
         timings = selection.get("timings_us") or {}
         best = min((timings[c["hash"]] for c in cands if c["hash"] in timings), default=None)
-        cached = ", cached timings" if selection.get("method") == "profiled (cached)" else ""
         why = (
             f"it ran fastest on the GPU, measured {timings.get(AS_GIVEN, math.nan):.2f} us"
             + (f" against {best:.2f} us for the fastest candidate" if best is not None else "")
-            + f" (fastest of {len(timings)} profiled{cached})"
+            + f" (fastest of {len(timings)} profiled{cached_tag(selection)})"
         )
         given = _as_given(graph, data, why, selection)
         if save_codes is not False:

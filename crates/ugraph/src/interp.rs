@@ -151,6 +151,23 @@ impl<S: Scalar> Part<S> {
     }
 }
 
+/// An operand of a predefined kernel op: a computed part, or a graph input (its position)
+/// that the op reads from the source box by box.
+enum Operand<'a, S> {
+    Part(&'a Part<S>),
+    Input(usize),
+}
+
+impl<S: Scalar> Operand<'_, S> {
+    /// The values of box `r` of the operand.
+    fn values<'b, I: Source<S> + ?Sized>(&'b self, r: &Region, src: &I) -> Cow<'b, Tensor<S>> {
+        match self {
+            Operand::Part(p) => p.view(r),
+            Operand::Input(pos) => Cow::Owned(src.read(*pos, &r.start, &r.extent())),
+        }
+    }
+}
+
 /// How a tile- or kernel-level op's demanded output box maps to operand boxes.
 enum Rule {
     /// Element-wise, operands broadcast.
@@ -325,14 +342,27 @@ pub fn run_region_with<S: Scalar, I: Source<S> + ?Sized>(
 
     check_run_sizes(g, &need)?;
 
+    // Graph inputs that only predefined ops read (not outputs, not customized kernels' inputs)
+    // are never read whole: each op reads the boxes of its bands from `inputs`.
+    let mut whole = vec![false; g.tensors.len()];
+    for op in g.ops.iter().filter(|o| matches!(o.kind, KernelOpKind::Customized { .. })) {
+        op.inputs.iter().for_each(|&t| whole[t] = true);
+    }
+    outs.iter().for_each(|&t| whole[t] = true);
+    let mut deferred: Vec<Option<usize>> = vec![None; g.tensors.len()];
+
     // Forward: compute the demanded boxes.
     let mut vals: Vec<Option<Part<S>>> = vec![None; g.tensors.len()];
     let mut input_pos = 0;
     for (i, op) in g.ops.iter().enumerate() {
         if let KernelOpKind::Input { .. } = op.kind {
-            if let Some(r) = &need[op.outputs[0]] {
-                vals[op.outputs[0]] =
-                    Some(Part { region: r.clone(), t: inputs.read(input_pos, &r.start, &r.extent()) });
+            let t = op.outputs[0];
+            if let Some(r) = &need[t] {
+                if whole[t] {
+                    vals[t] = Some(Part { region: r.clone(), t: inputs.read(input_pos, &r.start, &r.extent()) });
+                } else {
+                    deferred[t] = Some(input_pos);
+                }
             }
             input_pos += 1;
             continue;
@@ -341,7 +371,6 @@ pub fn run_region_with<S: Scalar, I: Source<S> + ?Sized>(
             continue;
         }
         cancel.check()?;
-        let part = |t: usize| vals[t].as_ref().expect("operands are computed before use");
         let results: Vec<Option<Part<S>>> = match &op.kind {
             KernelOpKind::Customized { graph } => {
                 // An input no demanded output depends on was never computed. A block input
@@ -369,8 +398,16 @@ pub fn run_region_with<S: Scalar, I: Source<S> + ?Sized>(
             kind => {
                 let r = need[op.outputs[0]].clone().expect("demanded");
                 let dims: Vec<&[usize]> = op.inputs.iter().map(|&t| g.tensors[t].dims.as_slice()).collect();
-                let parts: Vec<&Part<S>> = op.inputs.iter().map(|&t| part(t)).collect();
-                let t = kernel_op(kind, &r, &dims, &parts, cancel)?;
+                let operands: Vec<Operand<S>> = op
+                    .inputs
+                    .iter()
+                    .map(|&t| match (&vals[t], deferred[t]) {
+                        (Some(p), _) => Operand::Part(p),
+                        (None, Some(pos)) => Operand::Input(pos),
+                        (None, None) => unreachable!("operands are computed before use"),
+                    })
+                    .collect();
+                let t = kernel_op(kind, &r, &dims, &operands, inputs, cancel)?;
                 vec![Some(Part { region: r, t })]
             }
         };
@@ -396,13 +433,20 @@ const MIN_BAND_ROWS: usize = 32;
 /// a second or two on two cores).
 const MAX_BAND_WORK: usize = 1 << 30;
 
-/// Computes box `r` of a predefined kernel op from its operands' parts, in bands of rows along
-/// dim 0 (polling `cancel` between bands) where the op's rule allows it.
-fn kernel_op<S: Scalar>(
+/// Elements of a graph input an op reads from the source in one band, at most (a band of
+/// one row may read more).
+const INPUT_BAND: usize = 1 << 21;
+
+/// Computes box `r` of a predefined kernel op from its operands, in bands of rows along dim 0
+/// (polling `cancel` between bands) where the op's rule allows it. A graph-input operand
+/// whose box shrinks with the band is read band by band from `src` (bands then hold at most
+/// [`INPUT_BAND`] of its elements); one every band needs whole is read once.
+fn kernel_op<S: Scalar, I: Source<S> + ?Sized>(
     kind: &KernelOpKind,
     r: &Region,
     dims: &[&[usize]],
-    parts: &[&Part<S>],
+    operands: &[Operand<S>],
+    src: &I,
     cancel: &Cancel,
 ) -> Result<Tensor<S>> {
     let rule = kernel_rule(kind, r.start.len());
@@ -413,10 +457,39 @@ fn kernel_op<S: Scalar>(
     };
     let per_row = numel(&ext[1..]).saturating_mul(inner).max(1);
     let splittable = !matches!(&rule, Rule::Widen(d) if d.contains(&0)) && ext.len() > 1;
-    let band =
+    let mut band =
         if splittable { (BAND_WORK / per_row).max(MIN_BAND_ROWS.min(MAX_BAND_WORK / per_row)).max(1) } else { ext[0] };
+    // Input operands: banded where one row's box is a share of the whole box, else read once.
+    let (whole_boxes, _) = rule.apply(r, dims);
+    let mut row = r.clone();
+    row.end[0] = row.start[0] + 1;
+    let (row_boxes, _) = rule.apply(&row, dims);
+    let mut read: Vec<Option<Part<S>>> = Vec::with_capacity(operands.len());
+    for ((o, w), b) in operands.iter().zip(&whole_boxes).zip(&row_boxes) {
+        let (Operand::Input(pos), Some(w)) = (o, w) else {
+            read.push(None);
+            continue;
+        };
+        let per_band_row = b.as_ref().map_or(0, |b| numel(&b.extent()));
+        if splittable && per_band_row.saturating_mul(ext[0]) <= numel(&w.extent()) {
+            band = band.min((INPUT_BAND / per_band_row.max(1)).max(1));
+            read.push(None);
+        } else {
+            read.push(Some(Part { region: w.clone(), t: src.read(*pos, &w.start, &w.extent()) }));
+        }
+    }
+    let operands: Vec<Operand<S>> = operands
+        .iter()
+        .zip(&read)
+        .map(|(o, p)| match (o, p) {
+            (_, Some(p)) => Operand::Part(p),
+            (Operand::Part(p), None) => Operand::Part(p),
+            (Operand::Input(pos), None) => Operand::Input(*pos),
+        })
+        .collect();
+    let parts = operands.as_slice();
     if band >= ext[0] {
-        return Ok(kernel_box(kind, &rule, r, dims, parts));
+        return Ok(kernel_box(kind, &rule, r, dims, parts, src));
     }
     let mut out = Tensor::zeros(&ext);
     let mut row = r.start[0];
@@ -425,7 +498,7 @@ fn kernel_op<S: Scalar>(
         let mut rb = r.clone();
         rb.start[0] = row;
         rb.end[0] = (row + band).min(r.end[0]);
-        let t = kernel_box(kind, &rule, &rb, dims, parts);
+        let t = kernel_box(kind, &rule, &rb, dims, parts, src);
         let mut at = vec![0; ext.len()];
         at[0] = row - r.start[0];
         out.copy_from(&at, &t, &vec![0; ext.len()], &rb.extent());
@@ -435,16 +508,20 @@ fn kernel_op<S: Scalar>(
 }
 
 /// Computes box `r` of a predefined kernel op in one piece.
-fn kernel_box<S: Scalar>(
+fn kernel_box<S: Scalar, I: Source<S> + ?Sized>(
     kind: &KernelOpKind,
     rule: &Rule,
     r: &Region,
     dims: &[&[usize]],
-    parts: &[&Part<S>],
+    operands: &[Operand<S>],
+    src: &I,
 ) -> Tensor<S> {
     let (opr, computed) = rule.apply(r, dims);
-    let args: Vec<Cow<Tensor<S>>> =
-        parts.iter().zip(&opr).map(|(p, rr)| p.view(rr.as_ref().expect("kernel operands are always needed"))).collect();
+    let args: Vec<Cow<Tensor<S>>> = operands
+        .iter()
+        .zip(&opr)
+        .map(|(o, rr)| o.values(rr.as_ref().expect("kernel operands are always needed"), src))
+        .collect();
     let t = match kind {
         KernelOpKind::Matmul => args[0].matmul(&args[1]),
         KernelOpKind::Unary { op: u } => args[0].unary(u),

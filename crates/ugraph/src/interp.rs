@@ -342,11 +342,17 @@ pub fn run_region_with<S: Scalar, I: Source<S> + ?Sized>(
 
     check_run_sizes(g, &need)?;
 
-    // Graph inputs that only predefined ops read (not outputs, not customized kernels' inputs)
-    // are never read whole: each op reads the boxes of its bands from `inputs`.
+    // A graph input that one predefined op alone reads (not an output, not a customized
+    // kernel's input) is never read whole: that op reads the boxes of its bands from `inputs`.
+    // One several ops read is read once, here.
+    let mut readers = vec![0usize; g.tensors.len()];
     let mut whole = vec![false; g.tensors.len()];
-    for op in g.ops.iter().filter(|o| matches!(o.kind, KernelOpKind::Customized { .. })) {
-        op.inputs.iter().for_each(|&t| whole[t] = true);
+    for op in &g.ops {
+        let customized = matches!(op.kind, KernelOpKind::Customized { .. });
+        for &t in &op.inputs {
+            readers[t] += 1;
+            whole[t] |= customized || readers[t] > 1;
+        }
     }
     outs.iter().for_each(|&t| whole[t] = true);
     let mut deferred: Vec<Option<usize>> = vec![None; g.tensors.len()];

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mirage_ugraph::{DType, Scalar, Source, Tensor};
+use mirage_ugraph::{DType, KernelGraph, Scalar, Source, Tensor};
 use rayon::prelude::*;
 
 use crate::field::{hash_words, reduce32, Fp, P, Q};
@@ -166,6 +166,14 @@ impl NormalInputs {
         let u = (0..4).map(|i| ((h >> (16 * i)) & 0xffff) as f32 + 0.5).sum::<f32>() / 65536.0;
         round_to(self.dtypes[input], (u - 2.0) * 3f32.sqrt() * self.scale)
     }
+}
+
+/// Every input of `g` whole, about N(0, 1), seeded with `seed` (rounded to each input's dtype).
+pub fn normal_inputs<S: Scalar>(g: &KernelGraph, seed: u64) -> Vec<Tensor<S>> {
+    let (dims, dtypes): (Vec<Vec<usize>>, Vec<DType>) =
+        g.input_ids().iter().map(|&t| (g.tensors[t].dims.clone(), g.tensors[t].dtype)).unzip();
+    let src = NormalInputs::new(seed, dims.clone(), dtypes, 1.0);
+    dims.iter().enumerate().map(|(i, d)| src.read(i, &vec![0; d.len()], d)).collect()
 }
 
 impl<S: Scalar> Source<S> for NormalInputs {

@@ -17,11 +17,11 @@
 //! }
 //! ```
 
-use mirage_ugraph::{run, BinaryOp, BlockGraph, KernelGraph, Source, Tensor, UnaryOp};
+use mirage_ugraph::{run, BinaryOp, BlockGraph, KernelGraph, Tensor, UnaryOp};
 
 use crate::check::{equivalent, Options, Verdict};
 use crate::every::Coverage;
-use crate::inputs::NormalInputs;
+use crate::inputs::normal_inputs;
 use crate::sample::tiles;
 use crate::VerifyError;
 
@@ -180,17 +180,7 @@ impl MutantOutcome {
 /// Whether the f64 outputs of `a` and `b` differ inside `bx` (by more than 1e-3) and agree
 /// outside it (within 1e-9) on normal inputs.
 fn differs_only_in(a: &KernelGraph, b: &KernelGraph, bx: SparseBox) -> Result<bool, VerifyError> {
-    let (dims, dtypes) = a.input_ids().iter().map(|&t| (a.tensors[t].dims.clone(), a.tensors[t].dtype)).unzip();
-    let src = NormalInputs::new(3, dims, dtypes, 1.0);
-    let ins: Vec<Tensor<f64>> = a
-        .input_ids()
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| {
-            let d = &a.tensors[t].dims;
-            src.read(i, &vec![0; d.len()], d)
-        })
-        .collect();
+    let ins: Vec<Tensor<f64>> = normal_inputs(a, 3);
     let (x, y) = (run(a, &ins)?, run(b, &ins)?);
     let (Some(x), Some(y)) = (x.first(), y.first()) else { return Ok(false) };
     let r = x.dims.len();

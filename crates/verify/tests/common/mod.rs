@@ -4,8 +4,7 @@
 #![allow(dead_code)]
 
 use mirage_ugraph::zoo::{self, Attn, Pair};
-use mirage_ugraph::{run, BlockGraph, BlockOp, DType, KernelGraph, KernelOp, KernelOpKind, Source, Tensor};
-use mirage_verify::inputs::NormalInputs;
+use mirage_ugraph::{run, BlockGraph, BlockOp, DType, KernelGraph, KernelOp, KernelOpKind, Tensor};
 
 /// Small-shape zoo pairs, several schedules per workload.
 pub fn small_pairs() -> Vec<Pair> {
@@ -46,10 +45,7 @@ pub fn small_pairs() -> Vec<Pair> {
 
 /// Full inputs of `g`, about N(0, 1).
 pub fn float_inputs(g: &KernelGraph, seed: u64) -> Vec<Tensor<f64>> {
-    let (dims, dtypes): (Vec<Vec<usize>>, Vec<DType>) =
-        g.input_ids().iter().map(|&t| (g.tensors[t].dims.clone(), g.tensors[t].dtype)).unzip();
-    let src = NormalInputs::new(seed, dims.clone(), dtypes, 1.0);
-    dims.iter().enumerate().map(|(i, d)| src.read(i, &vec![0; d.len()], d)).collect()
+    mirage_verify::inputs::normal_inputs(g, seed)
 }
 
 /// Largest difference of two output lists relative to the RMS of `a`'s outputs (infinite on a

@@ -192,13 +192,9 @@ impl Info {
     /// The bits of the dims along which the denominator is the same, for a tensor of dims
     /// `dims` (dims of size 1, read broadcast, count as the same).
     fn fixed_bits(&self, dims: &[usize]) -> u64 {
-        let mut bits = 0u64;
-        for (d, &n) in dims.iter().enumerate().take(64) {
-            if n == 1 || self.den_fixed(d) {
-                bits |= 1 << d;
-            }
-        }
-        bits
+        let all = (0..dims.len().min(64)).fold(0u64, |m, d| m | 1 << d);
+        let own = if self.deg.den == 0 { all } else { self.fixed & all };
+        size_one_bits(dims) | own
     }
 }
 

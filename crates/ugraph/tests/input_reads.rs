@@ -5,36 +5,24 @@
 
 use std::sync::Mutex;
 
-use mirage_ugraph::{run, run_region, BinaryOp, DType, KernelGraph, Region, Source, Tensor};
+use mirage_ugraph::{random_inputs, run, run_region, BinaryOp, DType, KernelGraph, Region, Source, Tensor};
 
 /// A source over materialised tensors that records every box read: (input, elements).
 struct Counting {
-    xs: Vec<Tensor<f64>>,
+    xs: Vec<Tensor<f32>>,
     reads: Mutex<Vec<(usize, usize)>>,
 }
 
-impl Source<f64> for Counting {
-    fn read(&self, input: usize, off: &[usize], extent: &[usize]) -> Tensor<f64> {
+impl Source<f32> for Counting {
+    fn read(&self, input: usize, off: &[usize], extent: &[usize]) -> Tensor<f32> {
         self.reads.lock().unwrap().push((input, extent.iter().product()));
         self.xs[input].slice(off, extent)
     }
 }
 
-fn inputs(g: &KernelGraph) -> Vec<Tensor<f64>> {
-    g.input_ids()
-        .iter()
-        .enumerate()
-        .map(|(k, &t)| {
-            let dims = g.tensors[t].dims.clone();
-            let n: usize = dims.iter().product();
-            Tensor { dims, data: (0..n).map(|i| ((i * 7 + k * 3) % 11) as f64 / 11.0 - 0.5).collect() }
-        })
-        .collect()
-}
-
 /// Runs `g` whole through a counting source, checks its values against `run`, returns the reads.
 fn reads(g: &KernelGraph) -> Vec<(usize, usize)> {
-    let xs = inputs(g);
+    let xs = random_inputs(g, 1);
     let src = Counting { xs: xs.clone(), reads: Mutex::new(Vec::new()) };
     let regions: Vec<Region> = g.output_ids().iter().map(|&t| Region::full(&g.tensors[t].dims)).collect();
     let got = run_region(g, &src, &regions).unwrap();

@@ -183,7 +183,13 @@ def search(cell: ms.Cell, rec: dict[str, Any], args: argparse.Namespace) -> Any:
     """Superoptimizes the cell's program; records the search in ``rec["search"]`` and returns
     the winner (None when the search failed)."""
     iters = profile_iters_for(rec["bytes"], rec["flops"], args.profile_iters, args.profile_ms)
-    config = ms.PROGRAMS[cell.program].config
+    config: Any = ms.PROGRAMS[cell.program].config
+    if args.search_config:
+        config = (
+            {"preset": config, **json.loads(args.search_config)}
+            if config
+            else json.loads(args.search_config)
+        )
     t0 = time.perf_counter()
     try:
         g = ms.build_program(cell, norm_weight=args.norm_weight, weights=args.weights)
@@ -554,6 +560,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=None,
         help="superoptimize time_budget (seconds of search a cell)",
+    )
+    run.add_argument(
+        "--search-config",
+        default=None,
+        help="JSON of superoptimize config keys over the program's preset, e.g. "
+        "'{\"shared_memory_limit\": 232448}'",
     )
     run.add_argument(
         "--profile-iters",

@@ -34,11 +34,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 
 // Register-resident attention on warpgroup tensor cores (sm_90a), the same contract as
-// `Flash` for N = 64, 128 or 256 keys per iteration of 64-wide values, with one block of
-// lookahead. K ([BATCH][D][N]) sits in shared memory as `swzb<N, BATCH * D>`: column blocks
-// of 64 keys, each [BATCH * D][64] in 128-byte rows swizzled as the hardware's 128-byte
-// pattern from a 1024-byte aligned base; V ([BATCH][N][64]) as `swz<64, 8>`; Q as in
-// `Flash`. Warpgroup w of batch item b takes RG groups of 64 rows (group (w % WR) * RG + r)
+// `Flash` for N = 64, 128 or 256 keys per iteration of DV-wide values (DV = 64 or 128), with
+// one block of lookahead. K ([BATCH][D][N]) sits in shared memory as `swzb<N, BATCH * D>`:
+// column blocks of 64 keys, each [BATCH * D][64] in 128-byte rows swizzled as the hardware's
+// 128-byte pattern from a 1024-byte aligned base; V ([BATCH][N][DV]) as `swz<64, 8>`, in
+// column blocks of 64 values ([BATCH * N][64] each) where DV is 128; Q as in `Flash`. Warpgroup w of batch item b takes RG groups of 64 rows (group (w % WR) * RG + r)
 // and key slice w / WR (N / KS keys). The slice's keys go in blocks of 64 (or one of 32): each
 // step issues the next block's S = Q K (D / 16 wgmma per group, Q from registers; after the
 // last block, the next iteration's first) before this block's online softmax (`FlashRows`),
@@ -54,7 +54,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // VARIANT (attention.cuh's attention variants) is what the loop computes beyond softmax(Q K) V;
 // its hooks run in `run_ws` (the other forms take the plain one).
 template <int NT, int BATCH, int M, int D, int N, int LDQ, int RG, int KS, typename T, typename TQ, bool QSS = false,
-          bool XMAX = true, bool ILV = false, class VARIANT = PlainAttention>
+          bool XMAX = true, bool ILV = false, class VARIANT = PlainAttention, int DV = 64>
 struct FlashWG {
 #if defined(__CUDA_ARCH__)
   static_assert(MI_WGMMA, "FlashWG needs sm_90a (wgmma)");
@@ -64,11 +64,13 @@ struct FlashWG {
   static constexpr int KOFS = ILV ? 0 : NK;          // a slice's first key in a stage: slice * KOFS
   static constexpr int NKB = NK < 64 ? NK : 64;      // keys per block
   static constexpr int NB = NK / NKB, NFC = NKB / 8;  // blocks per slice, S fragments per block
+  static constexpr int NFO = DV / 8, VB = DV / 64;    // O fragments; V's column blocks of 64 values
+  static_assert(DV == 64 || DV == 128, "flash (wgmma): 64 or 128 values a row");
   static_assert((NT / 128) % BATCH == 0 && M % (64 * RG) == 0 && NWG == WR * KS && D % 16 == 0 &&
                     N % 64 == 0 && N <= 256 && (NKB == 64 || NKB == 32),
                 "flash (wgmma) tile shape");
   static_assert(!QSS || (D == 64 && same_type<TQ, T>::value), "flash (wgmma): Q by descriptor needs 64-wide rows of K's type");
-  FlashRows<RG, 8, XMAX> st;
+  FlashRows<RG, NFO, XMAX> st;
   float s[RG][NFC][4];  // S of the current block (issued one block ahead)
   int lane, bt, row0, slice;  // row0: this warp's first row of its first group
   const TQ* qp;  // this batch item's Q (set at the first step; Q is loop-invariant)
@@ -109,7 +111,7 @@ struct FlashWG {
       for (int c = 0; c < 2; ++c) acc8<T>(ss, lds16(q0 + r * 128 + (((2 * qd + c) ^ (r & 7)) << 4)), [](float x) { return x * x; });
       ss += __shfl_xor_sync(0xffffffffu, ss, 1);
       ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-      st.qs[0][h] = FlashRows<RG, 8, XMAX>::L2E * rsqrtf(ss * (1.0f / (float)D));
+      st.qs[0][h] = FlashRows<RG, NFO, XMAX>::L2E * rsqrtf(ss * (1.0f / (float)D));
     }
     qscaled = true;
   }
@@ -189,14 +191,21 @@ struct FlashWG {
       for (int e = 0; e < 4; ++e) s[r][f][e] = sn[r][f][e];
   }
 
-  // O += P V over block j of this slice's keys, issued as one wgmma group (not waited for).
+  // O += P V over block j of this slice's keys, issued as one wgmma group (not waited for):
+  // each of V's column blocks of 64 values (BATCH * N rows of 128 bytes apart) into its 8 O
+  // fragments.
   __device__ __forceinline__ void pv(const unsigned (&p)[RG][NFC / 2][4], const T* V, int j) {
     const unsigned vd = wg_desc_lo((unsigned)__cvta_generic_to_shared(V) + (bt * N + slice * KOFS + j * NKB) * 128);
     wg_fence();
 #pragma unroll
     for (int r = 0; r < RG; ++r)
 #pragma unroll
-      for (int kk = 0; kk < NFC / 2; ++kk) wgmma_m64n64k16<T>(st.o[r], p[r][kk], wg_desc_sw128(vd + kk * 128), 1);
+      for (int c = 0; c < VB; ++c) {
+        float(&o)[8][4] = *reinterpret_cast<float(*)[8][4]>(&st.o[r][c * 8]);
+#pragma unroll
+        for (int kk = 0; kk < NFC / 2; ++kk)
+          wgmma_m64n64k16<T>(o, p[r][kk], wg_desc_sw128(vd + c * ((BATCH * N * 128) >> 4) + kk * 128), 1);
+      }
     wg_commit();
   }
 
@@ -572,13 +581,13 @@ struct FlashWG {
   // Floats of `scratch` that `finish<CS>` takes (0: none is read): the key slices' slots.
   template <int CS>
   __host__ __device__ static constexpr int scratch_floats() {
-    return (KS - 1) * BATCH * WR * FlashRows<RG, 8>::template SLOT_FLOATS<128>;
+    return (KS - 1) * BATCH * WR * FlashRows<RG, NFO>::template SLOT_FLOATS<128>;
   }
   // Floats of `remote` that `finish<CS>` takes: a block's own slots of a cluster split (the
   // other block's with HALVES).
   template <int CS>
   __host__ __device__ static constexpr int remote_floats() {
-    return (CS > 1 ? 1 : 0) * BATCH * WR * FlashRows<RG, 8>::template SLOT_FLOATS<128>;
+    return (CS > 1 ? 1 : 0) * BATCH * WR * FlashRows<RG, NFO>::template SLOT_FLOATS<128>;
   }
 
   // After the loop, as `Flash::finish`. The key slices merge in registers
@@ -615,7 +624,7 @@ struct FlashWG {
     bool mine = slice == 0;
     if constexpr (CS > 1) {
       const unsigned rank = cluster_rank();
-      constexpr int SLOT = FlashRows<RG, 8>::template SLOT_FLOATS<128>;
+      constexpr int SLOT = FlashRows<RG, NFO>::template SLOT_FLOATS<128>;
       if constexpr (HALVES) {
         cluster_sync_relaxed();
         const unsigned h = (unsigned)row0 >> 5;

@@ -116,12 +116,14 @@ impl FlashRegion {
     }
 
     /// Whether the warpgroup form (`mi::FlashWG`) fits `nt` threads, as (row groups of 64,
-    /// key slices) per warpgroup: 64, 128 or 256 keys of 64-wide values per iteration (V in
-    /// 128-byte swizzle rows, K in column blocks of them), 16-bit tiles, whole warpgroups per
-    /// batch item covering its rows once (one or two groups each) or twice (two key slices).
+    /// key slices) per warpgroup: 64, 128 or 256 keys of 64- or 128-wide values per iteration
+    /// (V in 128-byte swizzle rows, K and 128-wide V in column blocks of them), 16-bit tiles,
+    /// whole warpgroups per batch item covering its rows once (one or two groups each) or
+    /// twice (two key slices). 128-wide values take one group a warpgroup: O alone is then 64
+    /// registers a thread.
     pub fn wgmma(&self, nt: usize) -> Option<(usize, usize)> {
         if !matches!(self.n, 64 | 128 | 256)
-            || self.dv != 64
+            || !matches!(self.dv, 64 | 128)
             || !nt.is_multiple_of(128)
             || !(nt / 128).is_multiple_of(self.batch.max(1))
         {
@@ -133,7 +135,7 @@ impl FlashRegion {
         }
         match (nwg / groups, groups / nwg) {
             (1 | 2, _) if nwg.is_multiple_of(groups) => Some((1, nwg / groups)),
-            (0, 2) if groups.is_multiple_of(nwg) => Some((2, 1)),
+            (0, 2) if groups.is_multiple_of(nwg) && self.dv == 64 => Some((2, 1)),
             _ => None,
         }
     }

@@ -455,6 +455,30 @@ fn warp_specialised_attention_compiles() {
 }
 
 #[test]
+fn attention_of_128_wide_values_runs_on_the_warpgroup_tensor_cores() {
+    // Head dim 128 (prefill-shaped: 128 or 64 query rows a block over 128-key tiles): the
+    // warpgroup form with V in two column blocks of 64 values (`FlashWG`'s DV), one group of
+    // 64 rows a warpgroup; the warp-specialised loop stays with 64-wide values.
+    if !setup() {
+        return;
+    }
+    for dt in [DType::Float16, DType::Bfloat16] {
+        for (b, qsplit) in [(128, 1), (64, 2), (300, 1)] {
+            let a = Attn { b, h: 128, d: 128, s: 1024, splits: 1, frange: 8, qsplit };
+            let p = generate(&one_kernel_attention(a, dt, 256), &Options::for_arch(90)).unwrap();
+            let targs = flash_wg_targs(&p.source);
+            assert_eq!(targs.get(3).map(String::as_str), Some("128"), "{}", p.launch_summary());
+            assert_eq!(targs.last().map(String::as_str), Some("128"), "{targs:?}");
+            assert_eq!(targs.get(6).map(String::as_str), Some("1"), "{targs:?}");
+            assert!(!p.source.contains("fa.run_ws<"));
+            if let Err(e) = nvrtc::compile(&p.source, 90) {
+                panic!("attention of 128-wide values ({}, {b} blocks) failed to compile: {e}", dt.name());
+            }
+        }
+    }
+}
+
+#[test]
 fn the_target_decides_one_wave_and_the_register_split() {
     // 128 blocks are one wave on the H100 (the warp-specialised form, its register split from
     // the target's budgets); on a target whose wave is 100 blocks, the plain loop.

@@ -463,10 +463,11 @@ impl Ctx<'_> {
                 // to the last one that is not its default.
                 let ilv = self.ws.is_some() && self.ws_interleaved();
                 let hooks = self.variant_hooks();
-                let ilv = match (ilv, hooks) {
-                    (false, VariantHooks::Plain) => String::new(),
-                    (true, VariantHooks::Plain) => ", true".to_string(),
-                    (ilv, h) => format!(", {ilv}, {}", h.cpp()),
+                let ilv = match (ilv, hooks, f.dv) {
+                    (false, VariantHooks::Plain, 64) => String::new(),
+                    (true, VariantHooks::Plain, 64) => ", true".to_string(),
+                    (ilv, h, 64) => format!(", {ilv}, {}", h.cpp()),
+                    (ilv, h, dv) => format!(", {ilv}, {}, {dv}", h.cpp()),
                 };
                 let (threads, ks) = if self.ws3() { ("NC", 3) } else { ("NT", ks) };
                 self.uses(Part::WarpSpecialized);

@@ -357,12 +357,17 @@ impl Planner<'_> {
         }
         let steps = &self.steps;
         if f.wg.is_some() {
+            // (A V normalised in place, `mi::rms_norm_rows_frag`, takes no column blocks.)
+            if f.v_norm && f.dv > 64 {
+                return false;
+            }
             // The wgmma form reads K and V through descriptors: staged, unpadded 128-byte rows
             // swizzled as the hardware's 128-byte pattern (`swz<64, 8>`, 1024-byte aligned).
-            // K wider than 64 keys goes in column blocks of 64 (`swzb`). Only the region reads them.
+            // K wider than 64 keys and V wider than 64 values go in column blocks of 64
+            // (`swzb`). Only the region reads them.
             let only_flash =
                 |t: STensorId| steps.iter().zip(&reads).all(|(&(_, st), r)| st == Step::Flash || !r.contains(&t));
-            for (t, inner) in [(f.k, f.n), (f.v, 64)] {
+            for (t, inner) in [(f.k, f.n), (f.v, f.dv)] {
                 match layout[t] {
                     Some(l) if l.staged && l.vector && l.inner == inner && only_flash(t) => {
                         layout[t] = Some(Layout { ld: inner, swz: Some(8), blocks: inner > 64, ..l });

@@ -356,6 +356,7 @@ pub(super) fn ws_form(
         && bg.block_dim[1..].iter().all(|&d| d == 1)
         && f.batch == 1
         && f.d == 64
+        && f.dv == 64
         && f.n == if three { 64 } else { 128 }
         && qss
         && f.x.is_none()

@@ -198,6 +198,30 @@ fn wide_key_tiles_go_in_swizzled_column_blocks() {
 }
 
 #[test]
+fn wide_value_tiles_go_in_swizzled_column_blocks() {
+    // Head dim 128 in one kernel (128 rows, 128-key tiles): V [128, 128] in column blocks of
+    // [128, 64] like K, one group of 64 rows a warpgroup; the same at head dim 256 (values
+    // wider than the warpgroup form's 128) does not take it.
+    let one = |d: usize| {
+        let a = Attn { b: 300, h: 128, d, s: 1024, splits: 1, frange: 8, qsplit: 1 };
+        let mut g = zoo::attention_one_kernel(a, F16).expect("zoo").ugraph;
+        for op in &mut g.ops {
+            if let mirage_ugraph::KernelOpKind::Customized { graph } = &mut op.kind {
+                graph.block_dim = [256, 1, 1];
+            }
+        }
+        plan(&g, 90)
+    };
+    let p = one(128);
+    let a = p.attention.expect("a region");
+    assert_eq!((a.form, a.row_groups, a.key_slices), (AttentionForm::Wgmma, 1, 1));
+    for t in [1, 2] {
+        assert_eq!(layout(&p, t), Layout { blocks: true, ..swizzled(128, 128, true) }, "tile {t}");
+    }
+    assert_ne!(one(256).attention.map(|a| a.form), Some(AttentionForm::Wgmma));
+}
+
+#[test]
 fn rms_norms_of_staged_16_bit_tiles_keep_their_padded_16_bit_rows() {
     // QK-norm attention op by op: V's norm in the loop reads and writes 16-bit rows of the
     // same padded pitch (whole rows in registers, 16 bytes at a time).

@@ -43,8 +43,8 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // step issues the next block's S = Q K (D / 16 wgmma per group, Q from registers; after the
 // last block, the next iteration's first) before this block's online softmax (`FlashRows`),
 // so the tensor cores work while the exponentials run, then O += P V (wgmma, P from registers).
-// With QSS, Q ([BATCH * M][64], K's type) sits as `swz<64, 8>` too and S = Q K takes both
-// operands through descriptors; then within a step each block's P V runs on while the next
+// With QSS, Q ([BATCH * M][D], K's type) sits as `swz<64, 8>` too (in column blocks of 64,
+// `swzb`, where D is 128) and S = Q K takes both operands through descriptors; then within a step each block's P V runs on while the next
 // block's softmax does (see `step`).
 //
 // With ILV (only `run_ws`), the KS slices are whole stages instead of keys within each: the
@@ -69,7 +69,8 @@ struct FlashWG {
   static_assert((NT / 128) % BATCH == 0 && M % (64 * RG) == 0 && NWG == WR * KS && D % 16 == 0 &&
                     N % 64 == 0 && N <= 256 && (NKB == 64 || NKB == 32),
                 "flash (wgmma) tile shape");
-  static_assert(!QSS || (D == 64 && same_type<TQ, T>::value), "flash (wgmma): Q by descriptor needs 64-wide rows of K's type");
+  static_assert(!QSS || ((D == 64 || D == 128) && same_type<TQ, T>::value),
+                "flash (wgmma): Q by descriptor needs rows of 64 or 128 of K's type");
   FlashRows<RG, NFO, XMAX> st;
   float s[RG][NFC][4];  // S of the current block (issued one block ahead)
   int lane, bt, row0, slice;  // row0: this warp's first row of its first group
@@ -124,14 +125,16 @@ struct FlashWG {
                                    ((key0 / 64) * BATCH * D + bt * D) * 128 + (key0 % 64) * 2);
     if constexpr (QSS) {
       // Q by descriptor: this warpgroup's 64 rows of group r start at row row0 - its warp's
-      // 16; each k-step of 16 is 32 bytes further along the swizzled 128-byte rows.
+      // 16; each k-step of 16 is 32 bytes further along the swizzled 128-byte rows, the
+      // fifth the first row of the next column block (BATCH * M rows of 128 bytes on).
       const unsigned ql = wg_desc_lo((unsigned)__cvta_generic_to_shared(qp) + (row0 & ~63) * 128);
       wg_fence();
 #pragma unroll
       for (int r = 0; r < RG; ++r)
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk) {
-          const unsigned long long qd = wg_desc_sw128(ql + r * 64 * 8 + kk * 2), bd = wg_desc_sw128(kd + kk * 128);
+          const unsigned qo = r * 64 * 8 + (kk / 4) * BATCH * M * 8 + (kk % 4) * 2;
+          const unsigned long long qd = wg_desc_sw128(ql + qo), bd = wg_desc_sw128(kd + kk * 128);
           if constexpr (NKB == 64) {
             wgmma_ss_m64n64k16<T>(acc[r], qd, bd, kk);
           } else {

@@ -457,8 +457,8 @@ fn warp_specialised_attention_compiles() {
 #[test]
 fn attention_of_128_wide_values_runs_on_the_warpgroup_tensor_cores() {
     // Head dim 128 (prefill-shaped: 128 or 64 query rows a block over 128-key tiles): the
-    // warpgroup form with V in two column blocks of 64 values (`FlashWG`'s DV), one group of
-    // 64 rows a warpgroup; the warp-specialised loop stays with 64-wide values.
+    // warpgroup form with Q and V in two column blocks of 64 (Q by descriptor, `FlashWG`'s DV),
+    // one group of 64 rows a warpgroup; the warp-specialised loop stays with 64-wide values.
     if !setup() {
         return;
     }
@@ -470,6 +470,8 @@ fn attention_of_128_wide_values_runs_on_the_warpgroup_tensor_cores() {
             assert_eq!(targs.get(3).map(String::as_str), Some("128"), "{}", p.launch_summary());
             assert_eq!(targs.last().map(String::as_str), Some("128"), "{targs:?}");
             assert_eq!(targs.get(6).map(String::as_str), Some("1"), "{targs:?}");
+            // Q by descriptor (QSS), in two column blocks of 64 as well.
+            assert_eq!(targs.get(10).map(String::as_str), Some("true"), "{targs:?}");
             assert!(!p.source.contains("fa.run_ws<"));
             if let Err(e) = nvrtc::compile(&p.source, 90) {
                 panic!("attention of 128-wide values ({}, {b} blocks) failed to compile: {e}", dt.name());

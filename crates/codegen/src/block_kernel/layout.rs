@@ -384,9 +384,15 @@ impl Planner<'_> {
             let q_normed = steps.iter().any(
                 |&(sec, st)| matches!(st, Step::RmsNorm { op } if sec == Section::Pre && bg.ops[op].outputs[0] == f.q),
             );
+            // A loaded Q of 128 (not normalised) goes in two column blocks of 64 (`swzb`).
             if let Some(l) = layout[f.q] {
-                if storage[f.q] == st && (l.vector || q_normed) && l.inner == 64 && f.d == 64 && only_flash(f.q) {
-                    layout[f.q] = Some(Layout { ld: 64, swz: Some(8), blocks: false, ..l });
+                let wide = l.inner == 128 && f.d == 128 && l.vector && !q_normed;
+                if storage[f.q] == st
+                    && (l.vector || q_normed)
+                    && (l.inner == 64 && f.d == 64 || wide)
+                    && only_flash(f.q)
+                {
+                    layout[f.q] = Some(Layout { ld: l.inner, swz: Some(8), blocks: wide, ..l });
                 }
             }
         } else {

@@ -44,7 +44,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // last block, the next iteration's first) before this block's online softmax (`FlashRows`),
 // so the tensor cores work while the exponentials run, then O += P V (wgmma, P from registers).
 // With QSS, Q ([BATCH * M][D], K's type) sits as `swz<64, 8>` too (in column blocks of 64,
-// `swzb`, where D is 128) and S = Q K takes both operands through descriptors; then within a step each block's P V runs on while the next
+// `swzb`, where D is 128 or 256) and S = Q K takes both operands through descriptors; then within a step each block's P V runs on while the next
 // block's softmax does (see `step`).
 //
 // With ILV (only `run_ws`), the KS slices are whole stages instead of keys within each: the
@@ -69,8 +69,8 @@ struct FlashWG {
   static_assert((NT / 128) % BATCH == 0 && M % (64 * RG) == 0 && NWG == WR * KS && D % 16 == 0 &&
                     N % 64 == 0 && N <= 256 && (NKB == 64 || NKB == 32),
                 "flash (wgmma) tile shape");
-  static_assert(!QSS || ((D == 64 || D == 128) && same_type<TQ, T>::value),
-                "flash (wgmma): Q by descriptor needs rows of 64 or 128 of K's type");
+  static_assert(!QSS || ((D == 64 || D == 128 || D == 256) && same_type<TQ, T>::value),
+                "flash (wgmma): Q by descriptor needs rows of 64, 128 or 256 of K's type");
   FlashRows<RG, NFO, XMAX> st;
   float s[RG][NFC][4];  // S of the current block (issued one block ahead)
   int lane, bt, row0, slice;  // row0: this warp's first row of its first group

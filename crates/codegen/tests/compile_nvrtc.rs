@@ -480,6 +480,53 @@ fn attention_of_128_wide_values_runs_on_the_warpgroup_tensor_cores() {
     }
 }
 
+/// One-kernel attention at head dim `d` whose values are split over `vsplit` blocks (grid z),
+/// each block computing S = Q K for its 128 rows over 64-key tiles (the search's form at head
+/// dim 256, where the warpgroup form takes values of at most 128).
+fn value_split_attention(b: usize, d: usize, s: usize, vsplit: usize, dt: DType) -> KernelGraph {
+    let (h, tiles) = (256, s / 64);
+    let mut g = KernelGraph::new();
+    let q = g.new_input(&[b, h, d], dt, None).unwrap();
+    let k = g.new_input(&[b, d, s], dt, None).unwrap();
+    let v = g.new_input(&[b, s, d], dt, None).unwrap();
+    let mut k1 = BlockGraph::new([b, h / 128, vsplit], [256, 1, 1], tiles, 64).unwrap();
+    let tq = k1.new_input(&[b, h, d], dt, [0, 1, -1], -1).unwrap();
+    let tk = k1.new_input(&[b, d, s], dt, [0, -1, -1], 2).unwrap();
+    let tv = k1.new_input(&[b, s, d], dt, [0, -1, 2], 1).unwrap();
+    let sc = k1.matmul(tq, tk).unwrap();
+    let (mx, diff) = k1.reduction_max(sc, 2).unwrap();
+    let shifted = k1.binary(BinaryOp::Sub, sc, mx).unwrap();
+    let e = k1.unary(UnaryOp::Exp, shifted).unwrap();
+    let scale = k1.unary(UnaryOp::Exp, diff).unwrap();
+    let ev = k1.matmul(e, tv).unwrap();
+    let o = k1.forloop_accum_rescale(ev, scale, Accum::None).unwrap();
+    let l = k1.forloop_accum_rescale(e, scale, Accum::Sum).unwrap();
+    let out = k1.binary(BinaryOp::Div, o, l).unwrap();
+    k1.new_output(out, [0, 1, 2], -1).unwrap();
+    let outs = g.customized(&[q, k, v], k1).unwrap();
+    g.mark_output(outs[0], None).unwrap();
+    g
+}
+
+#[test]
+fn head_dim_256_attention_takes_q_by_descriptor() {
+    // Gemma-2's head dim 256 with the values split over two blocks: the warpgroup form over
+    // 128-wide values, Q [128, 256] in four column blocks of 64 read by descriptor.
+    if !setup() {
+        return;
+    }
+    for dt in [DType::Float16, DType::Bfloat16] {
+        let p = generate(&value_split_attention(8, 256, 1024, 2, dt), &Options::for_arch(90)).unwrap();
+        let targs = flash_wg_targs(&p.source);
+        assert_eq!(targs.get(3).map(String::as_str), Some("256"), "{}", p.launch_summary());
+        assert_eq!(targs.get(10).map(String::as_str), Some("true"), "{targs:?}");
+        assert_eq!(targs.last().map(String::as_str), Some("128"), "{targs:?}");
+        if let Err(e) = nvrtc::compile(&p.source, 90) {
+            panic!("head dim 256 attention ({}) failed to compile: {e}", dt.name());
+        }
+    }
+}
+
 #[test]
 fn the_target_decides_one_wave_and_the_register_split() {
     // 128 blocks are one wave on the H100 (the warp-specialised form, its register split from

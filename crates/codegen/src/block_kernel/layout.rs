@@ -384,9 +384,9 @@ impl Planner<'_> {
             let q_normed = steps.iter().any(
                 |&(sec, st)| matches!(st, Step::RmsNorm { op } if sec == Section::Pre && bg.ops[op].outputs[0] == f.q),
             );
-            // A loaded Q of 128 (not normalised) goes in two column blocks of 64 (`swzb`).
+            // A loaded Q of 128 or 256 (not normalised) goes in column blocks of 64 (`swzb`).
             if let Some(l) = layout[f.q] {
-                let wide = l.inner == 128 && f.d == 128 && l.vector && !q_normed;
+                let wide = matches!(l.inner, 128 | 256) && f.d == l.inner && l.vector && !q_normed;
                 if storage[f.q] == st
                     && (l.vector || q_normed)
                     && (l.inner == 64 && f.d == 64 || wide)

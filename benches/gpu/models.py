@@ -218,7 +218,8 @@ def search(cell: ms.Cell, rec: dict[str, Any], args: argparse.Namespace) -> Any:
         "wall_s": wall,
         "over_target": wall > SEARCH_TARGET_S,
         "source": st.get("source"),
-        "cached": st.get("source") != "search",
+        # "as_given": a fresh search whose candidates all ran slower than the program itself.
+        "cached": st.get("source") not in ("search", "as_given"),
         "search_elapsed_s": st.get("elapsed"),
         # The every-element check of the returned graph (outside time_budget).
         "confirm_s": st.get("confirm_seconds"),
@@ -338,6 +339,8 @@ def _fmt_search(s: dict[str, Any] | None) -> str:
         text += f" ({s['wall_s']:.1f})"
     if s.get("cached"):
         text += " cached"
+    elif s.get("source") == "as_given":
+        text += " (as given)" if s["wall_s"] <= SEARCH_TARGET_S else " (>30, as given)"
     elif s.get("wall_s") is not None and s["wall_s"] > SEARCH_TARGET_S and "error" not in s:
         text += " (>30)"
     return text

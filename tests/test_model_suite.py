@@ -664,3 +664,18 @@ def test_linear_weights_fuse_and_their_tiles_are_copied_transposed(ms, name):
     for arch in (80, 90):
         assert _cuda.compile_cubin(best, arch)[:4] == b"\x7fELF", arch
     assert isinstance(best, mi.KNGraph)
+
+
+def test_a_search_that_returned_the_program_as_given_is_a_fresh_search(models, ms):
+    # Every candidate slower than the program itself: the search still ran (its time counts
+    # among the fresh searches) and the row says so; a cache hit is left out of the times.
+    cells = _cells(models, ms)
+    cells[0]["search"] = {"wall_s": 35.0, "cached": False, "source": "as_given"}
+    cells[2]["search"] = {"wall_s": 2.0, "cached": True, "source": "cache"}
+    rows = models.table_rows(cells, CALIB)
+    col = {h: i for i, h in enumerate(models.HEADER)}
+    assert rows[0][col["search s"]] == "35.0 (>30, as given)"
+    assert rows[2][col["search s"]] == "2.0 cached"
+    meta = {"gpu": "G", "torch": "T", "mirage": "M", "calibration": CALIB}
+    line = models.summary_lines(cells, meta)[3]
+    assert "max 41.0 s" in line and "2 of 2 over the 30 s target" in line

@@ -8,7 +8,9 @@
 //! use of `E` is *row-linear*: `matmul(·, X)` with `X` independent of `E`, `reduction` over the last
 //! dim, `mul` / `div` by tensors independent of `E`, ending in `forloop_accum` (`None` or `"sum"`);
 //! after the loop the accumulated values may be divided by each other (the ratio is free of the
-//! scale; without a loop, also by a row-linear value not accumulated), multiplied / divided by `E`-free tensors, or saved. Every such tensor keeps the row
+//! scale; without a loop, also by a row-linear value not accumulated), multiplied by an
+//! `E`-free tensor divided by another accumulated value (`O * (w / l)`: the scales cancel),
+//! multiplied / divided by `E`-free tensors, or saved. Every such tensor keeps the row
 //! dims of `A` (all but its last dim), so one factor `exp(-max)` per row scales all of them.
 //! The kernel is rebuilt with `(M, D) = reduction_max(A, last dim)`, `E' = exp(A - M)`,
 //! `s = exp(D)` and each accumulator replaced by `forloop_accum_rescale(·, s, same kind)`. When
@@ -38,6 +40,9 @@ enum Cls {
     Scaled,
     /// Accumulated row-linear values after the loop (scaled by `exp(-final max)` per row).
     AccScaled,
+    /// A free tensor divided by accumulated row-linear values (scaled by `exp(+final max)` per
+    /// row): its product with an [`Cls::AccScaled`] value is free of the scale.
+    AccInverse,
 }
 
 /// Output positions of kernel 1 that save scaled partial results, with their tile's last dim.
@@ -187,7 +192,7 @@ fn classify(bg: &BlockGraph, exp_op: usize) -> Option<(Vec<Cls>, Partials)> {
         let ins: Vec<Cls> = op.inputs.iter().map(|&t| cls.get(t).copied()).collect::<Option<_>>()?;
         let rank0 = op.inputs.first().and_then(|&t| bg.tensors.get(t)).map_or(0, |t| t.dims.len());
         use BinaryOp::{Div, Mul};
-        use Cls::{AccScaled as Acc, Free, Scaled};
+        use Cls::{AccInverse as Inv, AccScaled as Acc, Free, Scaled};
         let out = if j == exp_op {
             Scaled
         } else if ins.iter().all(|&c| c == Free) {
@@ -205,6 +210,12 @@ fn classify(bg: &BlockGraph, exp_op: usize) -> Option<(Vec<Cls>, Partials)> {
                 (BlockOpKind::Binary { op: Mul }, [Acc, Free] | [Free, Acc]) => Acc,
                 (BlockOpKind::Binary { op: Div }, [Acc, Free]) => Acc,
                 (BlockOpKind::Binary { op: Div }, [Acc, Acc]) => Free,
+                // A free tensor over the row sums (a norm's weight over them, to multiply the
+                // accumulated values by: QK-norm's V weight) carries the inverse factor.
+                (BlockOpKind::Binary { op: Div }, [Free, Acc]) => Inv,
+                (BlockOpKind::Binary { op: Mul }, [Inv, Free] | [Free, Inv]) => Inv,
+                (BlockOpKind::Binary { op: Div }, [Inv, Free]) => Inv,
+                (BlockOpKind::Binary { op: Mul }, [Acc, Inv] | [Inv, Acc]) => Free,
                 // Without a loop, an in-loop value and an accumulated one carry the same
                 // factor exp(-max): their ratio is free of it.
                 (BlockOpKind::Binary { op: Div }, [Scaled, Acc] | [Acc, Scaled]) if bg.forloop_range == 1 => Free,

@@ -372,3 +372,58 @@ fn near_misses_are_declined() {
     assert!(rewrite_online_softmax(&flash_variant(false, BinaryOp::Mul, [0, 1, -1])).is_none());
     assert!(rewrite_online_softmax(&flash_variant(false, BinaryOp::Div, [1, 0, -1])).is_none());
 }
+
+#[test]
+fn a_weight_over_the_row_sums_times_the_values_gets_the_online_form() {
+    // QK-norm decode with V's norm weight applied after the loop as `O * (w / l)` (the form the
+    // search found on the GPU for Phi-3's QK-norm cell): the weight over the row sums carries
+    // the inverse of their scale, so the product is free of it and the exponential takes the
+    // running max; the rewrite verifies as stable and stays finite where the plain form
+    // overflows.
+    let (b, d, s, frange) = (8, 32, 256, 4);
+    for dt in [DType::Float16, DType::Bfloat16] {
+        let mut r = KernelGraph::new();
+        let shapes: [&[usize]; 4] = [&[b, 1, d], &[b, d, s], &[b, s, d], &[1, 1, d]];
+        let rv: Vec<_> = shapes.iter().map(|s| r.new_input(s, dt, None).expect("input")).collect();
+        let vn = r.rms_norm_eps(rv[2], &[d], None, 0.0).expect("norm");
+        let vw = r.binary(mirage_ugraph::BinaryOp::Mul, vn, rv[3]).expect("weight");
+        let qk = r.matmul(rv[0], rv[1]).expect("qk");
+        let p = r.softmax(qk, -1).expect("softmax");
+        let out = r.matmul(p, vw).expect("pv");
+        r.mark_output(out, None).expect("output");
+
+        let mut g = KernelGraph::new();
+        let v: Vec<_> = shapes.iter().map(|s| g.new_input(s, dt, None).expect("input")).collect();
+        let mut tb = BlockGraph::new([b, 1, 1], [128, 1, 1], frange, d).expect("block graph");
+        let tk = tb.new_input(shapes[1], dt, [0, -1, -1], 2).expect("k");
+        let tv = tb.new_input(shapes[2], dt, [0, -1, -1], 1).expect("v");
+        let tw = tb.new_input(shapes[3], dt, [-1, -1, -1], -1).expect("w");
+        let tq = tb.new_input(shapes[0], dt, [0, -1, -1], -1).expect("q");
+        let vn = tb.rms_norm(tv).expect("norm");
+        let a = tb.matmul(tq, tk).expect("qk");
+        let e = tb.unary(mirage_ugraph::UnaryOp::Exp, a).expect("exp");
+        let ev = tb.matmul(e, vn).expect("ev");
+        let acc_l = tb.forloop_accum(e, Accum::Sum).expect("acc");
+        let acc_o = tb.forloop_accum(ev, Accum::None).expect("acc");
+        let wl = tb.binary(mirage_ugraph::BinaryOp::Div, tw, acc_l).expect("w / l");
+        let out = tb.binary(mirage_ugraph::BinaryOp::Mul, acc_o, wl).expect("o * w / l");
+        tb.new_output(out, [0, -1, -1], -1).expect("output");
+        let o = g.customized(&[v[1], v[2], v[3], v[0]], tb).expect("kernel");
+        g.mark_output(o[0], None).expect("output");
+        let plain = equivalent(&r, &g, &Options::default()).expect("the verifier runs");
+        assert!(matches!(plain, Verdict::Equivalent { .. }), "{plain:?}");
+
+        let online = rewrite_online_softmax(&g).expect("the pattern matches");
+        assert_online_structure(&online, None);
+        assert_stable(&r, &online, &Options::default());
+        // Logits of about 30..100 (Q scaled by 12): the plain form overflows in fp16.
+        let ins = qkv(&g, 12.0);
+        let half = to_half(&ins);
+        let out = run(&online, &half).expect("rewritten runs");
+        assert!(out[0].data.iter().all(|x| x.0.is_finite()), "online softmax stays finite");
+        if dt == DType::Float16 {
+            let plain_out = run(&g, &half).expect("plain runs");
+            assert!(plain_out[0].data.iter().any(|x| !x.0.is_finite()), "the plain form overflows in fp16");
+        }
+    }
+}

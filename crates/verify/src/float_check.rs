@@ -8,8 +8,16 @@
 //! infinite or NaN in the low-precision run while finite in `f64` (overflowing `exp` in fp16),
 //! or when the largest error relative to the RMS of the reference values of that output exceeds
 //! the dtype's tolerance (catastrophic cancellation): 5e-2 for fp16, 1e-1 for bf16, 1e-3 for f32.
+//!
+//! A program with a `softmax` is probed again with its inputs [`LARGE_INPUTS`] times larger
+//! (attention logits 16 times larger: past the 88 at which `exp` overflows in bf16 and f32). The
+//! program as given, run in the same simulated dtype, keeps its softmax finite there (it
+//! subtracts the row maximum); a candidate whose compared element is then infinite or NaN where
+//! the program's is finite takes `exp` of a computed tensor without that maximum and is
+//! [`Numerics::Unstable`] in every dtype, not only in fp16 (where the plain form already
+//! overflows at realistic inputs).
 
-use mirage_ugraph::{DType, KernelGraph, Scalar};
+use mirage_ugraph::{DType, KernelGraph, KernelOpKind, Scalar};
 
 use crate::check::{classes, eval_elements, interface, output_dims, Options};
 use crate::error::VerifyError;
@@ -38,6 +46,9 @@ pub enum Numerics {
         reason: String,
     },
 }
+
+/// The input scale of the overflow probe of programs with a `softmax` (module docs).
+pub const LARGE_INPUTS: f32 = 4.0;
 
 /// Relative-error tolerance of a dtype.
 pub fn tolerance(dtype: DType) -> f64 {
@@ -74,7 +85,9 @@ fn run<S: Scalar>(
     dtype: DType,
 ) -> Result<Numerics, VerifyError> {
     let seed = hash_words(&[opts.seed, 0x0066_6c6f_6174]);
+    let large = NormalInputs::new(seed, dims.clone(), dtypes.clone(), LARGE_INPUTS);
     let src = NormalInputs::new(seed, dims, dtypes, 1.0);
+    let probe = reference.ops.iter().any(|op| matches!(op.kind, KernelOpKind::Softmax { .. }));
     let ref_dims = output_dims(reference);
     let cls = classes(&ref_dims, &output_dims(candidate))?;
     let n = ref_dims.len();
@@ -108,6 +121,24 @@ fn run<S: Scalar>(
         let before = src.reads();
         let cv: Vec<S> = eval_elements::<S, _>(candidate, &src, &cand_idx, &opts.cancel)?;
         cand_reads += src.reads() - before;
+        if probe {
+            let rl: Vec<S> = eval_elements::<S, _>(reference, &large, &ref_idx, &opts.cancel)?;
+            let before = large.reads();
+            let cl: Vec<S> = eval_elements::<S, _>(candidate, &large, &cand_idx, &opts.cancel)?;
+            cand_reads += large.reads() - before;
+            for (r, &c) in assignment.iter().enumerate() {
+                let (rl, cl) = (rl[r].to_f64(), cl[c].to_f64());
+                if rl.is_finite() && !cl.is_finite() {
+                    return Ok(Numerics::Unstable {
+                        reason: format!(
+                            "output {r} at {:?} is {cl} in simulated {} with the inputs {LARGE_INPUTS} times larger, where the program as given gives {rl:.6e} (exp of a computed tensor without its row maximum)",
+                            ref_idx[r],
+                            dtype.name()
+                        ),
+                    });
+                }
+            }
+        }
         for (r, &c) in assignment.iter().enumerate() {
             pairs[r].push((rv[r], cv[c].to_f64(), ref_idx[r].clone()));
         }

@@ -38,14 +38,15 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // one block of lookahead. K ([BATCH][D][N]) sits in shared memory as `swzb<N, BATCH * D>`:
 // column blocks of 64 keys, each [BATCH * D][64] in 128-byte rows swizzled as the hardware's
 // 128-byte pattern from a 1024-byte aligned base; V ([BATCH][N][DV]) as `swz<64, 8>`, in
-// column blocks of 64 values ([BATCH * N][64] each) where DV is 128; Q as in `Flash`. Warpgroup w of batch item b takes RG groups of 64 rows (group (w % WR) * RG + r)
+// column blocks of 64 values ([BATCH * N][64] each) where DV is 128; Q as in `Flash`.
+// Warpgroup w of batch item b takes RG groups of 64 rows (group (w % WR) * RG + r)
 // and key slice w / WR (N / KS keys). The slice's keys go in blocks of 64 (or one of 32): each
 // step issues the next block's S = Q K (D / 16 wgmma per group, Q from registers; after the
 // last block, the next iteration's first) before this block's online softmax (`FlashRows`),
 // so the tensor cores work while the exponentials run, then O += P V (wgmma, P from registers).
 // With QSS, Q ([BATCH * M][D], K's type) sits as `swz<64, 8>` too (in column blocks of 64,
-// `swzb`, where D is 128 or 256) and S = Q K takes both operands through descriptors; then within a step each block's P V runs on while the next
-// block's softmax does (see `step`).
+// `swzb`, where D is 128 or 256) and S = Q K takes both operands through descriptors; then
+// within a step each block's P V runs on while the next block's softmax does (see `step`).
 //
 // With ILV (only `run_ws`), the KS slices are whole stages instead of keys within each: the
 // warpgroup of slice k takes stages k, k + KS, ... (all N keys of each), so each works as the

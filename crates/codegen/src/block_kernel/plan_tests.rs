@@ -200,8 +200,8 @@ fn wide_key_tiles_go_in_swizzled_column_blocks() {
 #[test]
 fn wide_value_tiles_go_in_swizzled_column_blocks() {
     // Head dim 128 in one kernel (128 rows, 128-key tiles): Q [128, 128] and V [128, 128] in
-    // column blocks of [128, 64] like K, one group of 64 rows a warpgroup; the same at head dim 256 (values
-    // wider than the warpgroup form's 128) does not take it.
+    // column blocks of [128, 64] like K, one group of 64 rows a warpgroup; the same at head
+    // dim 256 (values wider than the warpgroup form's 128) does not take it.
     let one = |d: usize| {
         let a = Attn { b: 300, h: 128, d, s: 1024, splits: 1, frange: 8, qsplit: 1 };
         let mut g = zoo::attention_one_kernel(a, F16).expect("zoo").ugraph;

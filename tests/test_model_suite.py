@@ -679,3 +679,24 @@ def test_a_search_that_returned_the_program_as_given_is_a_fresh_search(models, m
     meta = {"gpu": "G", "torch": "T", "mirage": "M", "calibration": CALIB}
     line = models.summary_lines(cells, meta)[3]
     assert "max 41.0 s" in line and "2 of 2 over the 30 s target" in line
+
+
+def test_saved_winners_are_timed_without_a_search(models, ms, tmp_path):
+    # `--winners FILE`: a cell whose graph the file holds takes it as it is (no search), and
+    # its row says so; its time is left out of the search times.
+    cell = ms.parse_cell("llama3-70b/oproj/b64/fp16")
+    g = ms.build_program(cell, scale=64)
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({cell.name: g.to_json()}))
+    args = models.parse_args(["--winners", str(path)])
+    rec = models.cell_record(cell, 1 << 25)
+    best = models.search(cell, rec, args)
+    assert best.hash() == g.hash()
+    assert rec["search"]["source"] == "saved" and rec["search"]["cached"]
+    assert models.saved_winner(str(path), "llama3-8b/qkv/b1/fp16") is None
+    rec["ours"] = _entry(10.0)
+    rec["contenders"] = {"eager": _entry(20.0)}
+    (row,) = models.table_rows([rec], CALIB)
+    assert row[models.HEADER.index("search s")] == "saved"
+    meta = {"gpu": "G", "torch": "T", "mirage": "M", "calibration": CALIB}
+    assert not any(line.startswith("Search (") for line in models.summary_lines([rec], meta))

@@ -179,9 +179,28 @@ def cell_record(cell: ms.Cell, l2: int, norm_weight: str = "mul") -> dict[str, A
     }
 
 
+def saved_winner(path: str, name: str) -> Any:
+    """The graph saved for cell ``name`` in ``path`` (a ``--save-graphs`` file), or None."""
+    import mirage as mi
+
+    with open(path) as f:
+        text = json.load(f).get(name)
+    return None if text is None else mi.from_json(text)
+
+
 def search(cell: ms.Cell, rec: dict[str, Any], args: argparse.Namespace) -> Any:
-    """Superoptimizes the cell's program; records the search in ``rec["search"]`` and returns
-    the winner (None when the search failed)."""
+    """Superoptimizes the cell's program (or takes its graph from ``--winners``); records the
+    search in ``rec["search"]`` and returns the winner (None when the search failed)."""
+    if args.winners:
+        best = saved_winner(args.winners, cell.name)
+        if best is not None:
+            rec["search"] = {
+                "wall_s": None,
+                "source": "saved",
+                "cached": True,
+                "file": args.winners,
+            }
+            return best
     iters = profile_iters_for(rec["bytes"], rec["flops"], args.profile_iters, args.profile_ms)
     config: Any = ms.PROGRAMS[cell.program].config
     if args.search_config:
@@ -334,6 +353,8 @@ HEADER = [
 def _fmt_search(s: dict[str, Any] | None) -> str:
     if not s:
         return "-"
+    if s.get("source") == "saved":
+        return "saved"
     text = "err" if "error" in s else f"{s['wall_s']:.1f}"
     if "error" in s and s.get("wall_s") is not None:
         text += f" ({s['wall_s']:.1f})"
@@ -596,6 +617,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--warmup-replays", type=int, default=None, help="untimed (default 5)")
     run.add_argument("--quick", action="store_true", help="fewer replays (20, 3 warm-up)")
     run.add_argument("--cached", action="store_true", help="use the on-disk search cache")
+    run.add_argument(
+        "--winners",
+        default=None,
+        help="a --save-graphs file: its cells' graphs are timed as they are (no search); "
+        "the other cells are searched",
+    )
     run.add_argument("--cache-dir", default=None, help="superoptimize cache_dir")
     run.add_argument("--verbose", action="store_true", help="superoptimize(verbose=True)")
     out = ap.add_argument_group("output")

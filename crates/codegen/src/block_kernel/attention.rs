@@ -5,6 +5,7 @@ use mirage_ugraph::STensorId;
 
 use super::ctx::Ctx;
 use super::plan::{ws_barriers_bytes, WS_PRODUCER_THREADS};
+use super::trailing;
 use crate::emit::wl;
 use crate::error::{unsupported, Result};
 use crate::runtime::Part;
@@ -149,14 +150,8 @@ impl Ctx<'_> {
             } else if self.ws_split_v() {
                 (split, vfull) = ("true", "mi_vfull");
             }
-            // The optional template arguments and parameters, up to the last one that
-            // is not its default.
-            let trail = |given: Vec<String>, defaults: &[&str]| {
-                let keep = (0..given.len()).rev().find(|&i| given[i] != defaults[i]).map_or(0, |i| i + 1);
-                given[..keep].iter().map(|g| format!(", {g}")).collect::<String>()
-            };
-            tmpl.push_str(&trail(vec![split.to_string()], &["false"]));
-            args.push_str(&trail(vec![rs, vfull.to_string()], &["nullptr", "nullptr"]));
+            tmpl.push_str(&trailing(&[split.to_string()], &["false"]));
+            args.push_str(&trailing(&[rs, vfull.to_string()], &["nullptr", "nullptr"]));
             wl!(s, "fa.run_ws<{tmpl}>({args});");
         } else if f.wg.is_some() {
             // With three stages or more, the next iteration's K stage (already waited

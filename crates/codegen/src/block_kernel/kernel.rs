@@ -6,7 +6,7 @@ use mirage_ugraph::STensorId;
 
 use super::ctx::Ctx;
 use super::plan::{combine_bytes, VariantHooks, WS_PRODUCER_THREADS};
-use super::{Section, Step, WG_ALIGN};
+use super::{trailing, Section, Step, WG_ALIGN};
 use crate::emit::{kernel_open_with, kernel_params, wl};
 use crate::error::Result;
 use crate::program::Storage;
@@ -463,12 +463,10 @@ impl Ctx<'_> {
                 // to the last one that is not its default.
                 let ilv = self.ws.is_some() && self.ws_interleaved();
                 let hooks = self.variant_hooks();
-                let ilv = match (ilv, hooks, f.dv) {
-                    (false, VariantHooks::Plain, 64) => String::new(),
-                    (true, VariantHooks::Plain, 64) => ", true".to_string(),
-                    (ilv, h, 64) => format!(", {ilv}, {}", h.cpp()),
-                    (ilv, h, dv) => format!(", {ilv}, {}, {dv}", h.cpp()),
-                };
+                let ilv = trailing(
+                    &[ilv.to_string(), hooks.cpp().to_string(), f.dv.to_string()],
+                    &["false", VariantHooks::Plain.cpp(), "64"],
+                );
                 let (threads, ks) = if self.ws3() { ("NC", 3) } else { ("NT", ks) };
                 self.uses(Part::WarpSpecialized);
                 wl!(

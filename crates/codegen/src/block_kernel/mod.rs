@@ -53,6 +53,13 @@ const SWZ_ALIGN: usize = 128;
 /// repeats every 1024 bytes and is taken from address bits).
 const WG_ALIGN: usize = 1024;
 
+/// The optional template arguments or parameters of a runtime call, `", a, b"`: `given` up to
+/// the last one that differs from its default in `defaults` (the rest are left to the defaults).
+fn trailing(given: &[String], defaults: &[&str]) -> String {
+    let keep = (0..given.len()).rev().find(|&i| given[i] != defaults[i]).map_or(0, |i| i + 1);
+    given[..keep].iter().map(|g| format!(", {g}")).collect()
+}
+
 /// Where a step runs: before the loop (once), in it (every iteration), or after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Section {

@@ -493,14 +493,7 @@ fn value_split_attention(b: usize, d: usize, s: usize, vsplit: usize, dt: DType)
     let tq = k1.new_input(&[b, h, d], dt, [0, 1, -1], -1).unwrap();
     let tk = k1.new_input(&[b, d, s], dt, [0, -1, -1], 2).unwrap();
     let tv = k1.new_input(&[b, s, d], dt, [0, -1, 2], 1).unwrap();
-    let sc = k1.matmul(tq, tk).unwrap();
-    let (mx, diff) = k1.reduction_max(sc, 2).unwrap();
-    let shifted = k1.binary(BinaryOp::Sub, sc, mx).unwrap();
-    let e = k1.unary(UnaryOp::Exp, shifted).unwrap();
-    let scale = k1.unary(UnaryOp::Exp, diff).unwrap();
-    let ev = k1.matmul(e, tv).unwrap();
-    let o = k1.forloop_accum_rescale(ev, scale, Accum::None).unwrap();
-    let l = k1.forloop_accum_rescale(e, scale, Accum::Sum).unwrap();
+    let (o, l, _) = zoo::online_loop(&mut k1, tq, tk, tv).unwrap();
     let out = k1.binary(BinaryOp::Div, o, l).unwrap();
     k1.new_output(out, [0, 1, 2], -1).unwrap();
     let outs = g.customized(&[q, k, v], k1).unwrap();

@@ -258,7 +258,7 @@ fn one_kernel(a: Attn, qknorm: bool, dt: DType) -> Result<Pair> {
 /// The online-softmax loop body of attention over per-iteration tiles K and V: the
 /// accumulators of P V and of the row sums, each rescaled by exp(change of the max), and the
 /// iteration's row max.
-fn online_loop(
+pub fn online_loop(
     k1: &mut BlockGraph,
     q: STensorId,
     k: STensorId,

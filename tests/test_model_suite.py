@@ -288,9 +288,17 @@ def test_selection_filters_shards_and_limits(models, ms):
     assert len(models.parse_args(["--grid", "full", "--cells", "5"]).selected) == 5
     one = models.parse_args(["--cell", "mistral-7b/lora/b1/rank64/bf16"]).selected
     assert [c.name for c in one] == ["mistral-7b/lora/b1/rank64/bf16"]
-    for bad in (["--models", "gpt5"], ["--shard", "3/2"], ["--contenders", "tvm"]):
+    for bad in (
+        ["--models", "gpt5"],
+        ["--shard", "3/2"],
+        ["--contenders", "tvm"],
+        ["--search-config", "{shared_memory_limit: 1}"],
+        ["--search-config", "[1]"],
+    ):
         with pytest.raises(SystemExit):
             models.parse_args(bad)
+    limit = models.parse_args(["--search-config", '{"shared_memory_limit": 1024}'])
+    assert limit.search_config == {"shared_memory_limit": 1024}
 
 
 def test_list_needs_no_gpu(models, ms, capsys):

@@ -204,11 +204,7 @@ def search(cell: ms.Cell, rec: dict[str, Any], args: argparse.Namespace) -> Any:
     iters = profile_iters_for(rec["bytes"], rec["flops"], args.profile_iters, args.profile_ms)
     config: Any = ms.PROGRAMS[cell.program].config
     if args.search_config:
-        config = (
-            {"preset": config, **json.loads(args.search_config)}
-            if config
-            else json.loads(args.search_config)
-        )
+        config = {"preset": config, **args.search_config} if config else args.search_config
     t0 = time.perf_counter()
     try:
         g = ms.build_program(cell, norm_weight=args.norm_weight, weights=args.weights)
@@ -685,6 +681,13 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
     if args.cells is not None:
         cells = cells[: max(0, args.cells)]
     args.selected = cells
+    if args.search_config is not None:
+        try:
+            args.search_config = json.loads(args.search_config)
+        except json.JSONDecodeError as e:
+            ap.error(f"--search-config is not JSON: {e}")
+        if not isinstance(args.search_config, dict):
+            ap.error(f"--search-config must be a JSON object, got {args.search_config!r}")
     if args.replays is None:
         args.replays = 20 if args.quick else 50
     if args.warmup_replays is None:

@@ -20,9 +20,11 @@
 //!
 //! **Kernel 2** (the single customized consumer of those partials): a loop of one iteration that
 //! computes `sum_todimx(P_o) / sum(P_l)` (or `sum_todimx(P_o / sum(P_l))`) over the splits laid
-//! side by side in the last dim. It is replaced by the max-weighted merge of
+//! side by side in the last dim, then possibly multiplies or divides the merged value by other
+//! inputs of its own (QK-norm's V weight). It is replaced by the max-weighted merge of
 //! [`mirage_ugraph::zoo::attention_online`]: a loop over the splits, `(m, d) = reduction_max(P_m)`,
-//! weights `exp(P_m - m)`, rescaling accumulators with `exp(d)`, then the division.
+//! weights `exp(P_m - m)`, rescaling accumulators with `exp(d)`, then the division and the
+//! products that followed it (those inputs loaded once, outside the loop).
 //!
 //! Anything else makes the rewrite decline (`None`): it never guesses. The new graph is built
 //! through the checked builders, and the search verifies it against the reference anyway.
@@ -350,12 +352,19 @@ enum Sym {
     InOverTot(usize, usize),
     /// `Fold(k) / Tot(l)`: the merged result.
     FoldOverTot(usize, usize),
+    /// Computed from the merge kernel's other inputs only (none of the partials).
+    Other,
+    /// [`Sym::Other`] values over `Tot(l)`.
+    OtherOverTot(usize),
+    /// The merged result (partials `k` over `l`) times or over [`Sym::Other`] values.
+    Weighted(usize, usize),
 }
 
 /// Rebuilds the merge kernel `g2` as the max-weighted merge; `groups[k]` is the kernel-1 tile's
-/// last dim of input `k` when that input is a scaled partial of `k1`.
+/// last dim of input `k` when that input is a scaled partial of `k1` (two of them: the values
+/// and the row sums), None for another input.
 fn rewrite_merge(g2: &BlockGraph, groups: &[Option<usize>], k1: &Kernel1) -> Option<BlockGraph> {
-    if g2.forloop_range != 1 || groups.len() != 2 || groups.iter().any(Option::is_none) {
+    if g2.forloop_range != 1 || groups.iter().filter(|g| g.is_some()).count() != 2 {
         return None;
     }
     // Splits: kernel 1's blocks placed along the last dim of its outputs.
@@ -381,25 +390,73 @@ fn rewrite_merge(g2: &BlockGraph, groups: &[Option<usize>], k1: &Kernel1) -> Opt
             _ => None,
         })
         .collect::<Option<_>>()?;
-    for (dims, imap) in &inputs {
+    for ((dims, imap), group) in inputs.iter().zip(groups) {
         let split_last = (0..3).any(|a| g2.grid_dim[a] > 1 && imap[a] == last as i64);
-        if dims.len() != m_dims.len() || split_last {
+        if group.is_some() && (dims.len() != m_dims.len() || split_last) {
             return None;
         }
     }
-    // Symbolic evaluation of the old merge.
+    // Symbolic evaluation of the old merge. A merged value (`FoldOverTot`, `Weighted`) or an
+    // other input over the row sums (`OtherOverTot`) carries its factors: other tensors, each
+    // multiplying or dividing it.
     let mut sym: Vec<Option<Sym>> = vec![None; g2.tensors.len()];
-    let mut result: Option<(usize, usize, [i64; 3])> = None;
+    let mut factors: Vec<Vec<(STensorId, BinaryOp)>> = vec![Vec::new(); g2.tensors.len()];
+    let mut result: Option<(usize, usize, [i64; 3], Vec<(STensorId, BinaryOp)>)> = None;
+    // Ops computing from other inputs only, replayed as they are.
+    let mut replayed: Vec<usize> = Vec::new();
     let mut pos = 0;
     let dimx = g2.reduction_dimx;
     let group = |k: usize| groups.get(k).copied().flatten();
-    for op in &g2.ops {
+    for (j, op) in g2.ops.iter().enumerate() {
         let arg = |i: usize| op.inputs.get(i).and_then(|&t| sym.get(t).copied().flatten());
         let tile_rank = op.inputs.first().and_then(|&t| g2.tensors.get(t)).map_or(0, |t| t.dims.len());
+        let others = !op.inputs.is_empty() && (0..op.inputs.len()).all(|i| arg(i) == Some(Sym::Other));
+        let mut carried: Vec<(STensorId, BinaryOp)> = Vec::new();
         let out = match &op.kind {
             BlockOpKind::Input { .. } => {
                 pos += 1;
-                Some(Sym::In(pos - 1))
+                Some(if group(pos - 1).is_some() { Sym::In(pos - 1) } else { Sym::Other })
+            }
+            BlockOpKind::Unary { .. } | BlockOpKind::Binary { .. } if others => {
+                replayed.push(j);
+                Some(Sym::Other)
+            }
+            BlockOpKind::Binary { op: bop @ (BinaryOp::Mul | BinaryOp::Div) } => {
+                let (x, y) = (*op.inputs.first()?, *op.inputs.get(1)?);
+                let had = |t: STensorId| factors.get(t).cloned().unwrap_or_default();
+                match (arg(0)?, arg(1)?, bop) {
+                    (Sym::In(k), Sym::Tot(l), BinaryOp::Div) => Some(Sym::InOverTot(k, l)),
+                    (Sym::Fold(k), Sym::Tot(l), BinaryOp::Div) => Some(Sym::FoldOverTot(k, l)),
+                    (Sym::Other, Sym::Tot(l), BinaryOp::Div) => {
+                        carried = vec![(x, BinaryOp::Mul)];
+                        Some(Sym::OtherOverTot(l))
+                    }
+                    (Sym::FoldOverTot(k, l) | Sym::Weighted(k, l), Sym::Other, _) => {
+                        carried = [had(x), vec![(y, *bop)]].concat();
+                        Some(Sym::Weighted(k, l))
+                    }
+                    (Sym::Other, Sym::FoldOverTot(k, l) | Sym::Weighted(k, l), BinaryOp::Mul) => {
+                        carried = [had(y), vec![(x, BinaryOp::Mul)]].concat();
+                        Some(Sym::Weighted(k, l))
+                    }
+                    (Sym::OtherOverTot(l), Sym::Other, _) => {
+                        carried = [had(x), vec![(y, *bop)]].concat();
+                        Some(Sym::OtherOverTot(l))
+                    }
+                    (Sym::Other, Sym::OtherOverTot(l), BinaryOp::Mul) => {
+                        carried = [had(y), vec![(x, BinaryOp::Mul)]].concat();
+                        Some(Sym::OtherOverTot(l))
+                    }
+                    (Sym::Fold(k), Sym::OtherOverTot(l), BinaryOp::Mul) => {
+                        carried = had(y);
+                        Some(Sym::Weighted(k, l))
+                    }
+                    (Sym::OtherOverTot(l), Sym::Fold(k), BinaryOp::Mul) => {
+                        carried = had(x);
+                        Some(Sym::Weighted(k, l))
+                    }
+                    _ => return None,
+                }
             }
             BlockOpKind::ForloopAccum { acc: Accum::None, .. } => Some(arg(0)?),
             BlockOpKind::ForloopAccum { acc: Accum::Sum, .. } => match arg(0)? {
@@ -415,14 +472,9 @@ fn rewrite_merge(g2: &BlockGraph, groups: &[Option<usize>], k1: &Kernel1) -> Opt
                 Sym::InOverTot(k, l) if group(k) == Some(dimx) => Some(Sym::FoldOverTot(k, l)),
                 _ => return None,
             },
-            BlockOpKind::Binary { op: BinaryOp::Div } => match (arg(0)?, arg(1)?) {
-                (Sym::In(k), Sym::Tot(l)) => Some(Sym::InOverTot(k, l)),
-                (Sym::Fold(k), Sym::Tot(l)) => Some(Sym::FoldOverTot(k, l)),
-                _ => return None,
-            },
-            BlockOpKind::Output { omap, forloop_dim: -1 } => match (arg(0)?, result) {
-                (Sym::FoldOverTot(k, l), None) if k != l => {
-                    result = Some((k, l, *omap));
+            BlockOpKind::Output { omap, forloop_dim: -1 } => match (arg(0)?, &result) {
+                (Sym::FoldOverTot(k, l) | Sym::Weighted(k, l), None) if k != l => {
+                    result = Some((k, l, *omap, factors.get(*op.inputs.first()?)?.clone()));
                     None
                 }
                 _ => return None,
@@ -430,10 +482,12 @@ fn rewrite_merge(g2: &BlockGraph, groups: &[Option<usize>], k1: &Kernel1) -> Opt
             _ => return None,
         };
         if let Some(s) = out {
-            *sym.get_mut(*op.outputs.first()?)? = Some(s);
+            let t = *op.outputs.first()?;
+            *sym.get_mut(t)? = Some(s);
+            *factors.get_mut(t)? = carried;
         }
     }
-    let (k, l, omap) = result?;
+    let (k, l, omap, weights) = result?;
     let (po, pl) = (inputs.get(k)?, inputs.get(l)?);
     let live =
         |imap: &[i64; 3]| -> Vec<i64> { (0..3).map(|a| if g2.grid_dim[a] > 1 { imap[a] } else { -1 }).collect() };
@@ -443,13 +497,17 @@ fn rewrite_merge(g2: &BlockGraph, groups: &[Option<usize>], k1: &Kernel1) -> Opt
     // The max-weighted merge (zoo::attention_online's kernel 2), inputs in the old order + max.
     let mut nb = BlockGraph::new(g2.grid_dim, g2.block_dim, splits, dimx).ok()?;
     let fd = last as i64;
-    let mut tiles = [0; 2];
+    // Old tensor -> new: the partials loop over the splits, other inputs are loaded once.
+    let mut map: Vec<Option<STensorId>> = vec![None; g2.tensors.len()];
     for (i, o) in g2.input_ops().enumerate() {
         let BlockOpKind::Input { dims, dtype, imap, .. } = &o.kind else { return None };
-        *tiles.get_mut(i)? = nb.new_input(dims, *dtype, *imap, fd).ok()?;
+        let loop_dim = if group(i).is_some() { fd } else { -1 };
+        *map.get_mut(*o.outputs.first()?)? = Some(nb.new_input(dims, *dtype, *imap, loop_dim).ok()?);
     }
     let pm = nb.new_input(&m_dims, m_dtype, pl.1, fd).ok()?;
-    let (to, tl) = (tiles[k], tiles[l]);
+    let tile =
+        |k: usize| g2.input_ops().nth(k).and_then(|o| o.outputs.first()).and_then(|&t| map.get(t).copied().flatten());
+    let (to, tl) = (tile(k)?, tile(l)?);
     let (mx, diff) = nb.reduction_max(pm, fd).ok()?;
     let dm = nb.binary(BinaryOp::Sub, pm, mx).ok()?;
     let w = nb.unary(UnaryOp::Exp, dm).ok()?;
@@ -459,6 +517,18 @@ fn rewrite_merge(g2: &BlockGraph, groups: &[Option<usize>], k1: &Kernel1) -> Opt
     let so = nb.forloop_accum_rescale(ow, scale, Accum::None).ok()?;
     let sl = nb.forloop_accum_rescale(lw, scale, Accum::None).ok()?;
     let out = nb.binary(BinaryOp::Div, so, sl).ok()?;
+    for &j in &replayed {
+        let op = g2.ops.get(j)?;
+        let ins: Vec<STensorId> = op.inputs.iter().map(|&t| map.get(t).copied().flatten()).collect::<Option<_>>()?;
+        let outs = nb.replay(&op.kind, &ins).ok()?;
+        for (&old, new) in op.outputs.iter().zip(outs) {
+            *map.get_mut(old)? = Some(new);
+        }
+    }
+    let mut out = out;
+    for (t, bop) in weights {
+        out = nb.binary(bop, out, map.get(t).copied().flatten()?).ok()?;
+    }
     nb.new_output(out, omap, -1).ok()?;
     Some(nb)
 }

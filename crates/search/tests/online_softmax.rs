@@ -7,7 +7,7 @@ mod common;
 use common::{describe, kernels};
 use mirage_search::{rewrite_online_softmax, superoptimize, SearchConfig, Verification, VerifyOptions};
 use mirage_ugraph::zoo::{self, Attn};
-use mirage_ugraph::{graph_hash, run, Accum, BlockGraph, BlockOpKind, DType, KernelGraph, Tensor};
+use mirage_ugraph::{graph_hash, run, Accum, BinaryOp, BlockGraph, BlockOpKind, DType, KernelGraph, Tensor};
 use mirage_verify::{equivalent, Half, Numerics, Options, Verdict};
 
 const SMALL: Attn = Attn { b: 2, h: 8, d: 16, s: 256, splits: 4, frange: 4, qsplit: 2 };
@@ -212,6 +212,100 @@ fn loop_free_attention_dividing_in_the_loop_gets_the_online_form() {
         assert_eq!(count(kernels(&online)[0], |k| *k == BlockOpKind::ForloopAccumRescale { acc: Accum::None }), 2);
         assert_stable(&reference, &online, &Options::default());
     }
+}
+
+#[test]
+fn split_qknorm_merge_keeps_the_v_weight_after_the_division() {
+    // QK-norm decode with norm weights, split over the keys without a loop: kernel 1 saves each
+    // split's exp(QK) V and row sums; the merge divides and multiplies by V's norm weight (a
+    // third input of the merge kernel): (O / l) w, or O (w / l) as the search finds it. The
+    // rewrite loads the weight once, outside the merge's loop over the splits, and multiplies
+    // the merged value by it.
+    for weight in [MergeWeight::After, MergeWeight::OverSums] {
+        let (r, g) = split_qknorm_merge(weight);
+        let plain =
+            equivalent(&r, &g, &Options { float_check: false, ..Options::default() }).expect("the verifier runs");
+        assert!(matches!(plain, Verdict::Equivalent { .. }), "{plain:?}");
+        let online = rewrite_online_softmax(&g).expect("the pattern matches");
+        assert_online_structure(&online, Some(4));
+        let merge = kernels(&online)[1];
+        let w = merge.input_ops().nth(2).expect("the weight stays an input of the merge");
+        assert!(matches!(w.kind, BlockOpKind::Input { forloop_dim: -1, .. }), "{}", describe(&online));
+        let last = merge.ops.iter().rev().find(|o| matches!(o.kind, BlockOpKind::Binary { .. })).expect("a product");
+        assert_eq!(last.kind, BlockOpKind::Binary { op: BinaryOp::Mul }, "{}", describe(&online));
+        assert_stable(&r, &online, &Options::default());
+    }
+    // A weight added to the merged value is not a factor of it: declined.
+    let (_, added) = split_qknorm_merge(MergeWeight::Added);
+    assert!(rewrite_online_softmax(&added).is_none());
+}
+
+/// How the split QK-norm merge applies V's norm weight `w` to the merged `O / l`.
+#[derive(Clone, Copy)]
+enum MergeWeight {
+    /// `w * (O / l)`.
+    After,
+    /// `O * (w / l)`.
+    OverSums,
+    /// `O / l + w` (not QK-norm).
+    Added,
+}
+
+/// The reference and the plain split form of QK-norm decode with norm weights (see
+/// `split_qknorm_merge_keeps_the_v_weight_after_the_division`).
+fn split_qknorm_merge(weight: MergeWeight) -> (KernelGraph, KernelGraph) {
+    let (b, h, d, s, splits) = (2, 4, 16, 256, 4);
+    let dt = DType::Float16;
+    let shapes: [&[usize]; 5] = [&[b, h, d], &[b, d, s], &[b, s, d], &[1, 1, d], &[1, 1, d]];
+    let mut r = KernelGraph::new();
+    let x: Vec<_> = shapes.iter().map(|s| r.new_input(s, dt, None).expect("input")).collect();
+    let qn = r.rms_norm(x[0], &[d], None).expect("rms q");
+    let qw = r.binary(BinaryOp::Mul, qn, x[3]).expect("wq");
+    let vn = r.rms_norm(x[2], &[d], None).expect("rms v");
+    let vw = r.binary(BinaryOp::Mul, vn, x[4]).expect("wv");
+    let a = r.matmul(qw, x[1]).expect("qk");
+    let p = r.softmax(a, -1).expect("softmax");
+    let o = r.matmul(p, vw).expect("pv");
+    r.mark_output(o, None).expect("output");
+
+    let mut g = KernelGraph::new();
+    let v: Vec<_> = shapes.iter().map(|s| g.new_input(s, dt, None).expect("input")).collect();
+    let mut k1 = BlockGraph::new([b, splits, 1], [128, 1, 1], 1, d).expect("block graph");
+    let tq = k1.new_input(shapes[0], dt, [0, -1, -1], -1).expect("q");
+    let tk = k1.new_input(shapes[1], dt, [0, 2, -1], -1).expect("k");
+    let tv = k1.new_input(shapes[2], dt, [0, 1, -1], -1).expect("v");
+    let twq = k1.new_input(shapes[3], dt, [-1, -1, -1], -1).expect("wq");
+    let qn = k1.rms_norm(tq).expect("rms q");
+    let qw = k1.binary(BinaryOp::Mul, qn, twq).expect("wq");
+    let vn = k1.rms_norm(tv).expect("rms v");
+    let a = k1.matmul(qw, tk).expect("qk");
+    let e = k1.unary(mirage_ugraph::UnaryOp::Exp, a).expect("exp");
+    let ev = k1.matmul(e, vn).expect("ev");
+    let l = k1.reduction(e, 2).expect("sum");
+    k1.new_output(ev, [0, 2, -1], -1).expect("o");
+    k1.new_output(l, [0, 2, -1], -1).expect("l");
+    let part = g.customized(&[v[0], v[1], v[2], v[3]], k1).expect("kernel 1");
+    let mut k2 = BlockGraph::new([b, 1, 1], [128, 1, 1], 1, d).expect("block graph");
+    let po = k2.new_input(&[b, h, d * splits], dt, [0, -1, -1], -1).expect("po");
+    let pl = k2.new_input(&[b, h, splits], dt, [0, -1, -1], -1).expect("pl");
+    let twv = k2.new_input(shapes[4], dt, [-1, -1, -1], -1).expect("wv");
+    let so = k2.forloop_accum(po, Accum::SumToDimx).expect("fold");
+    let sl = k2.forloop_accum(pl, Accum::Sum).expect("sum");
+    let outw = match weight {
+        MergeWeight::OverSums => {
+            let wl = k2.binary(BinaryOp::Div, twv, sl).expect("w / l");
+            k2.binary(BinaryOp::Mul, so, wl).expect("o * (w / l)")
+        }
+        MergeWeight::After | MergeWeight::Added => {
+            let out = k2.binary(BinaryOp::Div, so, sl).expect("div");
+            let op = if matches!(weight, MergeWeight::Added) { BinaryOp::Add } else { BinaryOp::Mul };
+            k2.binary(op, twv, out).expect("weight")
+        }
+    };
+    k2.new_output(outw, [0, -1, -1], -1).expect("output");
+    let o = g.customized(&[part[0], part[1], v[4]], k2).expect("merge");
+    g.mark_output(o[0], None).expect("output");
+    (r, g)
 }
 
 #[test]

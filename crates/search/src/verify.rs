@@ -15,6 +15,7 @@
 use std::sync::OnceLock;
 
 use mirage_ugraph::{run_region, KernelGraph, Region, Source, Tensor};
+use mirage_verify::inputs::read_box;
 use mirage_verify::{Numerics, Verdict, Verifier};
 
 use crate::config::VerifyOptions;
@@ -56,28 +57,10 @@ struct LazyInputs {
 
 impl Source<f64> for LazyInputs {
     fn read(&self, input: usize, off: &[usize], extent: &[usize]) -> Tensor<f64> {
-        let full = &self.dims[input];
-        let rank = full.len();
-        let mut strides = vec![1usize; rank];
-        for i in (0..rank.saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * full[i + 1];
-        }
-        let n: usize = extent.iter().product();
         let salt = splitmix(self.seed ^ (input as u64).wrapping_mul(0xA24B_AED4_963E_E407));
-        let mut data = Vec::with_capacity(n);
-        let mut idx = vec![0usize; rank];
-        for _ in 0..n {
-            let flat: usize = (0..rank).map(|d| (off[d] + idx[d]) * strides[d]).sum();
-            let h = splitmix(salt ^ flat as u64);
-            data.push((h >> 11) as f64 / (1u64 << 52) as f64 - 1.0);
-            for d in (0..rank).rev() {
-                idx[d] += 1;
-                if idx[d] < extent[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
-        }
+        let data = read_box(&self.dims[input], off, extent, |flat| {
+            (splitmix(salt ^ flat) >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        });
         Tensor { dims: extent.to_vec(), data }
     }
 }
@@ -226,5 +209,18 @@ mod tests {
         let passed: Vec<bool> = verdicts.iter().map(Verification::passed).collect();
         assert_eq!(passed, [true, false, true, false, true, true], "{verdicts:?}");
         assert!(checker.trials.iter().all(|t| t.get().is_some_and(|r| r.is_ok())), "float-check boxes cached");
+    }
+
+    #[test]
+    fn lazy_input_boxes_agree_with_the_whole_and_differ_between_inputs() {
+        // A box large enough to be hashed in parallel, and small boxes read serially inside it.
+        let dims = vec![vec![3, 40, 1000], vec![3, 40, 1000]];
+        let src = LazyInputs { seed: 5, dims };
+        let whole = src.read(0, &[0, 0, 0], &[3, 40, 1000]);
+        assert!(whole.data.iter().all(|x| (-1.0..1.0).contains(x)));
+        for (o, e) in [([1, 3, 7], [1, 1, 990]), ([2, 39, 0], [1, 1, 1000]), ([0, 10, 100], [3, 3, 5])] {
+            assert_eq!(src.read(0, &o, &e), whole.slice(&o, &e));
+        }
+        assert_ne!(src.read(1, &[0, 0, 0], &[3, 40, 1000]), whole);
     }
 }

@@ -103,35 +103,43 @@ fn large_buffer<T>(n: usize) -> Vec<T> {
     data
 }
 
+/// The values of the box at `off` of extent `extent` in a row-major tensor of `dims`, element
+/// `i` (row-major flat index in the whole tensor) being `value(i)`: in parallel, one innermost
+/// row a task, for boxes of [`PARALLEL_READ`] elements or more. Every lazy input source reads
+/// its boxes through it.
+pub fn read_box<T: Send>(dims: &[usize], off: &[usize], extent: &[usize], value: impl Fn(u64) -> T + Sync) -> Vec<T> {
+    let n: usize = extent.iter().product();
+    let (r, row) = (extent.len(), extent.last().copied().unwrap_or(1));
+    if n < PARALLEL_READ || r == 0 || r > 4 || row == 0 {
+        let mut data = Vec::with_capacity(n);
+        for_each_flat(dims, off, extent, |i| data.push(value(i)));
+        return data;
+    }
+    // Row `j` of the box starts at the row-major position of its multi-index (in the box's
+    // leading dims) shifted by `off`. The buffer is written (and so faulted in) by the tasks,
+    // not zeroed first.
+    let mut data = large_buffer(n);
+    data.spare_capacity_mut()[..n].par_chunks_mut(row).enumerate().for_each(|(j, out)| {
+        let (mut rest, mut flat, mut stride) = (j, off[r - 1], dims[r - 1]);
+        for d in (0..r - 1).rev() {
+            flat += (off[d] + rest % extent[d]) * stride;
+            rest /= extent[d];
+            stride *= dims[d];
+        }
+        for (k, x) in out.iter_mut().enumerate() {
+            x.write(value((flat + k) as u64));
+        }
+    });
+    // SAFETY: the chunks above cover the first `n` slots, and each task wrote all of its own.
+    unsafe { data.set_len(n) };
+    data
+}
+
 impl Source<Fp> for FieldInputs {
     fn read(&self, input: usize, off: &[usize], extent: &[usize]) -> Tensor<Fp> {
         let n: usize = extent.iter().product();
         self.reads.fetch_add(n as u64, Ordering::Relaxed);
-        let dims = &self.dims[input];
-        let (r, row) = (extent.len(), extent.last().copied().unwrap_or(1));
-        if n < PARALLEL_READ || r == 0 || r > 4 || row == 0 {
-            let mut data = Vec::with_capacity(n);
-            for_each_flat(dims, off, extent, |i| data.push(self.value(input, i)));
-            return Tensor { dims: extent.to_vec(), data };
-        }
-        // One innermost row per task: row `j` of the box starts at the row-major position of
-        // its multi-index (in the box's leading dims) shifted by `off`. The buffer is written
-        // (and so faulted in) by the tasks, not zeroed first.
-        let mut data = large_buffer(n);
-        data.spare_capacity_mut()[..n].par_chunks_mut(row).enumerate().for_each(|(j, out)| {
-            let (mut rest, mut flat, mut stride) = (j, off[r - 1], dims[r - 1]);
-            for d in (0..r - 1).rev() {
-                flat += (off[d] + rest % extent[d]) * stride;
-                rest /= extent[d];
-                stride *= dims[d];
-            }
-            for (k, x) in out.iter_mut().enumerate() {
-                x.write(self.value(input, (flat + k) as u64));
-            }
-        });
-        // SAFETY: the chunks above cover the first `n` slots, and each task wrote all of its own.
-        unsafe { data.set_len(n) };
-        Tensor { dims: extent.to_vec(), data }
+        Tensor { dims: extent.to_vec(), data: read_box(&self.dims[input], off, extent, |i| self.value(input, i)) }
     }
 }
 
@@ -180,8 +188,7 @@ impl<S: Scalar> Source<S> for NormalInputs {
     fn read(&self, input: usize, off: &[usize], extent: &[usize]) -> Tensor<S> {
         let n: usize = extent.iter().product();
         self.reads.fetch_add(n as u64, Ordering::Relaxed);
-        let mut data = Vec::with_capacity(n);
-        for_each_flat(&self.dims[input], off, extent, |i| data.push(S::from_f32(self.value(input, i))));
+        let data = read_box(&self.dims[input], off, extent, |i| S::from_f32(self.value(input, i)));
         Tensor { dims: extent.to_vec(), data }
     }
 }

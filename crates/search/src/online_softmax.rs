@@ -360,6 +360,9 @@ enum Sym {
     Weighted(usize, usize),
 }
 
+/// Tensors that multiply or divide (the op) a merged value, in order.
+type Factors = Vec<(STensorId, BinaryOp)>;
+
 /// Rebuilds the merge kernel `g2` as the max-weighted merge; `groups[k]` is the kernel-1 tile's
 /// last dim of input `k` when that input is a scaled partial of `k1` (two of them: the values
 /// and the row sums), None for another input.
@@ -400,8 +403,8 @@ fn rewrite_merge(g2: &BlockGraph, groups: &[Option<usize>], k1: &Kernel1) -> Opt
     // other input over the row sums (`OtherOverTot`) carries its factors: other tensors, each
     // multiplying or dividing it.
     let mut sym: Vec<Option<Sym>> = vec![None; g2.tensors.len()];
-    let mut factors: Vec<Vec<(STensorId, BinaryOp)>> = vec![Vec::new(); g2.tensors.len()];
-    let mut result: Option<(usize, usize, [i64; 3], Vec<(STensorId, BinaryOp)>)> = None;
+    let mut factors: Vec<Factors> = vec![Vec::new(); g2.tensors.len()];
+    let mut result: Option<(usize, usize, [i64; 3], Factors)> = None;
     // Ops computing from other inputs only, replayed as they are.
     let mut replayed: Vec<usize> = Vec::new();
     let mut pos = 0;
@@ -411,7 +414,7 @@ fn rewrite_merge(g2: &BlockGraph, groups: &[Option<usize>], k1: &Kernel1) -> Opt
         let arg = |i: usize| op.inputs.get(i).and_then(|&t| sym.get(t).copied().flatten());
         let tile_rank = op.inputs.first().and_then(|&t| g2.tensors.get(t)).map_or(0, |t| t.dims.len());
         let others = !op.inputs.is_empty() && (0..op.inputs.len()).all(|i| arg(i) == Some(Sym::Other));
-        let mut carried: Vec<(STensorId, BinaryOp)> = Vec::new();
+        let mut carried: Factors = Vec::new();
         let out = match &op.kind {
             BlockOpKind::Input { .. } => {
                 pos += 1;

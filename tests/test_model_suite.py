@@ -294,6 +294,7 @@ def test_selection_filters_shards_and_limits(models, ms):
         ["--contenders", "tvm"],
         ["--search-config", "{shared_memory_limit: 1}"],
         ["--search-config", "[1]"],
+        ["--winners", "/nonexistent/graphs.json"],
     ):
         with pytest.raises(SystemExit):
             models.parse_args(bad)
@@ -701,7 +702,7 @@ def test_saved_winners_are_timed_without_a_search(models, ms, tmp_path):
     best = models.search(cell, rec, args)
     assert best.hash() == g.hash()
     assert rec["search"]["source"] == "saved" and rec["search"]["cached"]
-    assert models.saved_winner(str(path), "llama3-8b/qkv/b1/fp16") is None
+    assert models.saved_winner(args.saved_winners, "llama3-8b/qkv/b1/fp16") is None
     rec["ours"] = _entry(10.0)
     rec["contenders"] = {"eager": _entry(20.0)}
     (row,) = models.table_rows([rec], CALIB)

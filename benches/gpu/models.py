@@ -47,7 +47,7 @@ import statistics
 import sys
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -179,12 +179,12 @@ def cell_record(cell: ms.Cell, l2: int, norm_weight: str = "mul") -> dict[str, A
     }
 
 
-def saved_winner(path: str, name: str) -> Any:
-    """The graph saved for cell ``name`` in ``path`` (a ``--save-graphs`` file), or None."""
+def saved_winner(saved: Mapping[str, str], name: str) -> Any:
+    """The graph saved for cell ``name`` in ``saved`` (a ``--save-graphs`` file's contents),
+    or None."""
     import mirage as mi
 
-    with open(path) as f:
-        text = json.load(f).get(name)
+    text = saved.get(name)
     return None if text is None else mi.from_json(text)
 
 
@@ -192,7 +192,7 @@ def search(cell: ms.Cell, rec: dict[str, Any], args: argparse.Namespace) -> Any:
     """Superoptimizes the cell's program (or takes its graph from ``--winners``); records the
     search in ``rec["search"]`` and returns the winner (None when the search failed)."""
     if args.winners:
-        best = saved_winner(args.winners, cell.name)
+        best = saved_winner(args.saved_winners, cell.name)
         if best is not None:
             rec["search"] = {
                 "wall_s": None,
@@ -688,6 +688,15 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
             ap.error(f"--search-config is not JSON: {e}")
         if not isinstance(args.search_config, dict):
             ap.error(f"--search-config must be a JSON object, got {args.search_config!r}")
+    args.saved_winners = {}
+    if args.winners is not None:
+        try:
+            with open(args.winners) as f:
+                args.saved_winners = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            ap.error(f"--winners {args.winners}: {e}")
+        if not isinstance(args.saved_winners, dict):
+            ap.error(f"--winners {args.winners}: not a --save-graphs file (a JSON object)")
     if args.replays is None:
         args.replays = 20 if args.quick else 50
     if args.warmup_replays is None:

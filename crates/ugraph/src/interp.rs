@@ -345,16 +345,9 @@ pub fn run_region_with<S: Scalar, I: Source<S> + ?Sized>(
     // A graph input that one predefined op alone reads (not an output, not a customized
     // kernel's input) is never read whole: that op reads the boxes of its bands from `inputs`.
     // One several ops read is read once, here.
-    let mut readers = vec![0usize; g.tensors.len()];
-    let mut whole = vec![false; g.tensors.len()];
-    for op in &g.ops {
-        let customized = matches!(op.kind, KernelOpKind::Customized { .. });
-        for &t in &op.inputs {
-            readers[t] += 1;
-            whole[t] |= customized || readers[t] > 1;
-        }
-    }
-    outs.iter().for_each(|&t| whole[t] = true);
+    // A customized kernel's blocks read such an input tile by tile from `inputs` where they
+    // read each element at most a few times ([`tiles_read_few_times`]).
+    let whole = materialized_inputs(g);
     let mut deferred: Vec<Option<usize>> = vec![None; g.tensors.len()];
 
     // Forward: compute the demanded boxes.
@@ -394,8 +387,18 @@ pub fn run_region_with<S: Scalar, I: Source<S> + ?Sized>(
                         Some(Part { region, t: Tensor { dims: pad(&p.t.dims, 1), data: p.t.data.clone() } })
                     })
                     .collect();
-                let ins: Vec<Option<&Part<S>>> =
-                    op.inputs.iter().zip(&lifted).map(|(&t, l)| l.as_ref().or(vals[t].as_ref())).collect();
+                let ins: Vec<Option<BlockSource<'_, S, I>>> = op
+                    .inputs
+                    .iter()
+                    .zip(&lifted)
+                    .map(|(&t, l)| match (l.as_ref().or(vals[t].as_ref()), deferred[t]) {
+                        (Some(p), _) => Some(BlockSource::Part(p)),
+                        (None, Some(pos)) => {
+                            Some(BlockSource::Input { src: inputs, pos, rank: g.tensors[t].dims.len() })
+                        }
+                        (None, None) => None,
+                    })
+                    .collect();
                 let out_need: Vec<Option<Region>> = op.outputs.iter().map(|&t| need[t].clone()).collect();
                 let outs = run_customized(graph, &plans[i], &ins, &out_need, cancel);
                 cancel.check()?;
@@ -696,12 +699,93 @@ fn plan_blocks(bg: &BlockGraph, out_need: &[Option<Region>], cancel: &Cancel) ->
     (plans, in_need)
 }
 
+/// Which graph inputs the interpreter reads whole before running `g`'s ops: one several ops
+/// read, an output, and one a customized kernel reads unless its blocks read each element at
+/// most a few times ([`tiles_read_few_times`]: they then read their tiles from the source). A graph input
+/// one predefined op alone reads is read band by band. Indexed by tensor; other tensors false.
+pub fn materialized_inputs(g: &KernelGraph) -> Vec<bool> {
+    let mut readers = vec![0usize; g.tensors.len()];
+    let mut whole = vec![false; g.tensors.len()];
+    for op in &g.ops {
+        for (k, &t) in op.inputs.iter().enumerate() {
+            readers[t] += 1;
+            let tiled = match &op.kind {
+                KernelOpKind::Customized { graph } => tiles_read_few_times(graph, k, &g.tensors[t].dims),
+                _ => true,
+            };
+            whole[t] |= !tiled || readers[t] > 1;
+        }
+    }
+    g.output_ids().into_iter().for_each(|t| whole[t] = true);
+    whole
+}
+
+/// Elements of `g`'s tensors the interpreter holds at once when it computes every output
+/// whole, at most: every tensor but the graph inputs it reads box by box
+/// ([`materialized_inputs`]).
+pub fn held_elements(g: &KernelGraph) -> usize {
+    let whole = materialized_inputs(g);
+    let inputs: Vec<usize> =
+        g.ops.iter().filter(|op| matches!(op.kind, KernelOpKind::Input { .. })).map(|op| op.outputs[0]).collect();
+    g.tensors
+        .iter()
+        .enumerate()
+        .filter(|(t, _)| whole[*t] || !inputs.contains(t))
+        .map(|(_, t)| t.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX))
+        .fold(0usize, usize::saturating_add)
+}
+
+/// Whether the blocks of `bg` read each element of their `k`-th input (a device tensor of
+/// `dims`) at most [`MAX_TILE_READS`] times over the whole grid and loop: its tiles times the
+/// iterations that select them, times the blocks, against the tensor (a grid dim the input
+/// map leaves out reads every tile again).
+fn tiles_read_few_times(bg: &BlockGraph, k: usize, dims: &[usize]) -> bool {
+    let Some(op) = bg.input_ops().nth(k) else { return false };
+    let BlockOpKind::Input { forloop_dim, .. } = op.kind else { return false };
+    let Some(&tile) = op.outputs.first() else { return false };
+    let reads = numel(&bg.tensors[tile].dims)
+        .checked_mul(iterations(bg, forloop_dim))
+        .and_then(|r| r.checked_mul(bg.num_blocks()));
+    reads.is_some_and(|r| r <= numel(dims).saturating_mul(MAX_TILE_READS))
+}
+
+/// Times the blocks of a customized kernel may read an element of a graph input before the
+/// interpreter reads the input whole instead of tile by tile: a read from a lazy source
+/// computes the element again, one from a whole input copies it (after the faults and writes
+/// of a fresh buffer of the whole). LLaMA-3-70B's decode over 32,000 keys (two query blocks
+/// a head read each key tile), the every-element check on 2 cores: 18.5 s read whole, 15.4 s
+/// tile by tile.
+const MAX_TILE_READS: usize = 2;
+
+/// Where a block input's tiles come from: a computed part of its device tensor, or a graph
+/// input read tile by tile from the source (`rank`: the device tensor's; a block input with
+/// leading 1s added reads the trailing dims).
+enum BlockSource<'a, S, I: ?Sized> {
+    Part(&'a Part<S>),
+    Input { src: &'a I, pos: usize, rank: usize },
+}
+
+impl<S: Scalar, I: Source<S> + ?Sized> BlockSource<'_, S, I> {
+    /// The values of box `r` (in the block input's rank).
+    fn tile(&self, r: &Region) -> Tensor<S> {
+        match self {
+            BlockSource::Part(p) => p.view(r).into_owned(),
+            BlockSource::Input { src, pos, rank } => {
+                let lift = r.start.len().saturating_sub(*rank);
+                let extent = r.extent();
+                let t = src.read(*pos, &r.start[lift..], &extent[lift..]);
+                Tensor { dims: extent, data: t.data }
+            }
+        }
+    }
+}
+
 /// Runs the planned blocks of a customized op in parallel and places their tiles into the
 /// demanded boxes of its outputs.
-fn run_customized<S: Scalar>(
+fn run_customized<S: Scalar, I: Source<S> + ?Sized>(
     bg: &BlockGraph,
     plans: &[BlockPlan],
-    inputs: &[Option<&Part<S>>],
+    inputs: &[Option<BlockSource<'_, S, I>>],
     out_need: &[Option<Region>],
     cancel: &Cancel,
 ) -> Vec<Option<Part<S>>> {
@@ -756,10 +840,10 @@ fn tile_offset(
 
 /// Runs one planned thread block: loop iterations, accumulators, then the post-loop ops.
 /// Stops early (with partial writes) once `cancel` is set; the caller checks it.
-fn run_block<S: Scalar>(
+fn run_block<S: Scalar, I: Source<S> + ?Sized>(
     bg: &BlockGraph,
     plan: &BlockPlan,
-    inputs: &[Option<&Part<S>>],
+    inputs: &[Option<BlockSource<'_, S, I>>],
     cancel: &Cancel,
 ) -> Vec<Write<S>> {
     let need = &plan.need;
@@ -791,8 +875,8 @@ fn run_block<S: Scalar>(
                     }
                     let tile = &bg.tensors[op.outputs[0]].dims;
                     let dev = r.shift(&tile_offset(bg, plan.coord, *imap, *forloop_dim, tile, it));
-                    let src = inputs[k].expect("a demanded block input has its device tensor computed");
-                    vals[op.outputs[0]] = Some(Part { region: r, t: src.view(&dev).into_owned() });
+                    let src = inputs[k].as_ref().expect("a demanded block input has its device tensor computed");
+                    vals[op.outputs[0]] = Some(Part { region: r, t: src.tile(&dev) });
                 }
                 BlockOpKind::Output { omap, forloop_dim } => {
                     let k = n_out;

@@ -1,10 +1,12 @@
 //! How the interpreter reads graph inputs from a `Source`: an input one predefined op alone
 //! reads is read band by band (each element once, never as one whole box when it is large); an
-//! input several ops read, or a customized kernel reads, is read once whole. Values match the
-//! materialised run either way.
+//! input a customized kernel alone reads is read tile by tile where its blocks read each
+//! element at most twice; an input several ops read, or whose tiles many blocks read, is read
+//! once whole. Values match the materialised run either way.
 
 use std::sync::Mutex;
 
+use mirage_ugraph::zoo::{self, Attn};
 use mirage_ugraph::{random_inputs, run, run_region, BinaryOp, DType, KernelGraph, Region, Source, Tensor};
 
 /// A source over materialised tensors that records every box read: (input, elements).
@@ -61,4 +63,27 @@ fn an_input_several_ops_read_or_every_band_needs_is_read_once_whole() {
     let mut r = reads(&g);
     r.sort_unstable();
     assert_eq!(r, vec![(0, m * k), (1, k * n), (2, k * n)]);
+}
+
+#[test]
+fn a_customized_kernel_reads_its_tiles_unless_many_blocks_read_each() {
+    // Split-KV attention: each block reads its own K and V tiles, one a loop iteration; every
+    // one of the 4 splits of a batch item reads its Q rows.
+    let (b, h, d, s) = (2, 8, 64, 1024);
+    let attn = |qsplit| Attn { b, h, d, s, splits: 4, frange: 4, qsplit };
+    let g = zoo::attention_online(attn(1), DType::Float32).unwrap().ugraph;
+    let r = reads(&g);
+    let of = |input: usize| -> Vec<usize> { r.iter().filter(|x| x.0 == input).map(|x| x.1).collect() };
+    assert_eq!(of(0), vec![b * h * d], "Q, which every split reads, whole");
+    for input in [1, 2] {
+        let tiles = of(input);
+        assert_eq!(tiles.len(), b * 4 * 4, "input {input}: a tile a block and iteration");
+        assert!(tiles.iter().all(|&n| n == d * s / 16), "input {input}: {tiles:?}");
+    }
+    // With the rows of each item split over 4 blocks too, each K and V tile is read 4 times:
+    // they are read whole.
+    let g = zoo::attention_online(attn(4), DType::Float32).unwrap().ugraph;
+    let mut r = reads(&g);
+    r.sort_unstable();
+    assert_eq!(r, vec![(0, b * h * d), (1, b * d * s), (2, b * s * d)]);
 }

@@ -440,6 +440,16 @@ fn binary_templates() -> &'static [Expr] {
     })
 }
 
+/// The term of [`UNARY_OPS`] entry `u` applied to `x` (what [`op_term`] gives that op).
+pub(crate) fn unary_term<S: Sink>(s: &mut S, u: usize, x: Id) -> Option<Id> {
+    unary(s, &UNARY_OPS.get(u)?.op, x)
+}
+
+/// The term of [`BINARY_OPS`] entry `b` applied to `(x, y)` (what [`op_term`] gives that op).
+pub(crate) fn binary_term<S: Sink>(s: &mut S, b: usize, x: Id, y: Id) -> Option<Id> {
+    binary(s, BINARY_OPS.get(b)?.op, x, y)
+}
+
 fn binary<S: Sink>(s: &mut S, op: BinaryOp, a: Id, b: Id) -> Option<Id> {
     let t = binary_templates()[op as usize].clone();
     s.node(t.map_children(|c| if c == Id::from(0) { a } else { b }))

@@ -595,19 +595,70 @@ impl<'a> Dfs<'a> {
             for acc in 0..ACCUM.len() as u8 {
                 self.try_step(st, Step { code: Code::Accum(acc), a: h, b: h }, last);
             }
+            // Past the last step's operands every key is larger: the binary ops of a pair are
+            // then rejected together where the pair itself is (`binary_gate`).
+            let fresh = last.is_none_or(|k| h > k.0);
             for lo in 0..=h {
                 self.try_step(st, Step { code: Code::Matmul, a: lo, b: h }, last);
-                for (b, _) in block_binary_ops() {
-                    self.try_step(st, Step { code: Code::Binary(b), a: lo, b: h }, last);
-                }
+                self.try_binary(st, lo, h, fresh, last, |_| true);
                 if lo != h {
                     self.try_step(st, Step { code: Code::Matmul, a: h, b: lo }, last);
-                    for (b, _) in block_binary_ops().filter(|(_, d)| !d.commutative) {
-                        self.try_step(st, Step { code: Code::Binary(b), a: h, b: lo }, last);
-                    }
+                    self.try_binary(st, h, lo, fresh, last, |d| !d.commutative);
                 }
             }
         }
+    }
+
+    /// The binary ops `which` selects on operands `(a, b)`. Where `fresh` (no key of theirs
+    /// can precede the last step's) and [`Self::binary_gate`] rejects the pair, they are
+    /// counted as rejected for that reason without being tried one by one.
+    fn try_binary(
+        &mut self,
+        st: &mut State,
+        a: u16,
+        b: u16,
+        fresh: bool,
+        last: Option<Key>,
+        which: impl Fn(&mirage_ugraph::BinaryDef) -> bool,
+    ) {
+        if fresh {
+            if let Err(r) = self.binary_gate(st, a, b) {
+                let n = block_binary_ops().filter(|(_, d)| which(d)).count() as u64;
+                match r {
+                    Reject::IllTyped => self.local.ill_typed += n,
+                    Reject::Expr => self.local.pruned_expr += n,
+                }
+                return;
+            }
+        }
+        for (code, _) in block_binary_ops().filter(|(_, d)| which(d)) {
+            self.try_step(st, Step { code: Code::Binary(code), a, b }, last);
+        }
+    }
+
+    /// The checks [`Self::apply`] makes of every binary op on operands `(a, b)` alike, in its
+    /// order: the shapes broadcast, the phases combine, and (with expression pruning) both
+    /// operands have terms that some node pairs ([`Self::term`]).
+    fn binary_gate(&self, st: &State, a: u16, b: u16) -> Result<(), Reject> {
+        let (x, y) = (&st.nodes[a as usize], &st.nodes[b as usize]);
+        let r = x.shape.rank;
+        if y.shape.rank != r {
+            return Err(Reject::IllTyped);
+        }
+        for i in 0..r {
+            let (p, q) = (x.shape.dims[i], y.shape.dims[i]);
+            if p > 1 && q > 1 && (p != q || x.shape.labels[i] != y.shape.labels[i]) {
+                return Err(Reject::IllTyped);
+            }
+        }
+        phase2(x.phase, y.phase)?;
+        if self.env.cfg.expression_pruning {
+            let (Some(i), Some(j)) = (x.class, y.class) else { return Err(Reject::Expr) };
+            if !self.env.oracle.may_pair(i, j) && !self.env.oracle.may_pair(j, i) {
+                return Err(Reject::Expr);
+            }
+        }
+        Ok(())
     }
 
     fn try_step(&mut self, st: &mut State, step: Step, last: Option<Key>) {
@@ -799,10 +850,28 @@ impl<'a> Dfs<'a> {
             _ if pruning => return Err(Reject::Expr),
             _ => return Ok(None),
         };
+        // A matmul's product and a binary op's node have the two operands as children (in
+        // either order): where no node pairs their classes, the lookups would all miss.
+        let two = matches!(step.code, Code::Matmul | Code::Binary(_));
+        let oracle = &self.env.oracle;
+        if pruning && two && !oracle.may_pair(ins[0], ins[1]) && !oracle.may_pair(ins[1], ins[0]) {
+            return Err(Reject::Expr);
+        }
+        let tabled = match step.code {
+            Code::Unary(u) => oracle.unary_term(u as usize, ins[0]),
+            Code::Binary(op) => oracle.binary_term(op as usize, ins[0], ins[1]),
+            _ => None,
+        };
+        match tabled {
+            Some(Some(id)) => return Ok(Some(id)),
+            Some(None) if pruning => return Err(Reject::Expr),
+            Some(None) => return Ok(None),
+            None => {}
+        }
         let kind = step.code.kind(self.env.eps);
         let dims = [a.shape.dims(), b.shape.dims()];
         let labels = [a.shape.labels(), b.shape.labels()];
-        let n = if step.a == step.b && !matches!(step.code, Code::Matmul | Code::Binary(_)) { 1 } else { 2 };
+        let n = if step.a == step.b && !two { 1 } else { 2 };
         let mut sink = self.env.oracle.sink();
         match op_term(&mut sink, OpRef::Block(&kind, self.ctx), &ins[..n], &dims[..n], &labels[..n]) {
             Ok(Some(id)) => Ok(Some(id)),

@@ -641,20 +641,11 @@ impl<'a> Dfs<'a> {
     /// operands have terms that some node pairs ([`Self::term`]).
     fn binary_gate(&self, st: &State, a: u16, b: u16) -> Result<(), Reject> {
         let (x, y) = (&st.nodes[a as usize], &st.nodes[b as usize]);
-        let r = x.shape.rank;
-        if y.shape.rank != r {
-            return Err(Reject::IllTyped);
-        }
-        for i in 0..r {
-            let (p, q) = (x.shape.dims[i], y.shape.dims[i]);
-            if p > 1 && q > 1 && (p != q || x.shape.labels[i] != y.shape.labels[i]) {
-                return Err(Reject::IllTyped);
-            }
-        }
+        broadcast(&x.shape, &y.shape)?;
         phase2(x.phase, y.phase)?;
         if self.env.cfg.expression_pruning {
             let (Some(i), Some(j)) = (x.class, y.class) else { return Err(Reject::Expr) };
-            if !self.env.oracle.may_pair(i, j) && !self.env.oracle.may_pair(j, i) {
+            if !self.env.oracle.may_pair(i, j) {
                 return Err(Reject::Expr);
             }
         }
@@ -758,25 +749,7 @@ impl<'a> Dfs<'a> {
                 reduced |= al[r - 1].bit();
                 (s, phase2(a.phase, b.phase)?)
             }
-            Code::Binary(_) => {
-                let r = a.shape.rank;
-                if b.shape.rank != r {
-                    return Err(Reject::IllTyped);
-                }
-                let mut s = a.shape;
-                for i in 0..r {
-                    let (x, y) = (a.shape.dims[i], b.shape.dims[i]);
-                    if x > 1 && y > 1 {
-                        if x != y || a.shape.labels[i] != b.shape.labels[i] {
-                            return Err(Reject::IllTyped);
-                        }
-                    } else if y > 1 {
-                        s.dims[i] = y;
-                        s.labels[i] = b.shape.labels[i];
-                    }
-                }
-                (s, phase2(a.phase, b.phase)?)
-            }
+            Code::Binary(_) => (broadcast(&a.shape, &b.shape)?, phase2(a.phase, b.phase)?),
             Code::Unary(_) => (a.shape, a.phase),
             Code::RmsNorm => {
                 if a.shape.dims[a.shape.rank - 1] == 1 {
@@ -854,7 +827,7 @@ impl<'a> Dfs<'a> {
         // either order): where no node pairs their classes, the lookups would all miss.
         let two = matches!(step.code, Code::Matmul | Code::Binary(_));
         let oracle = &self.env.oracle;
-        if pruning && two && !oracle.may_pair(ins[0], ins[1]) && !oracle.may_pair(ins[1], ins[0]) {
+        if pruning && two && !oracle.may_pair(ins[0], ins[1]) {
             return Err(Reject::Expr);
         }
         let tabled = match step.code {
@@ -1017,6 +990,28 @@ impl<'a> Dfs<'a> {
         }
         h.finish()
     }
+}
+
+/// The shape of an element-wise op on tiles of shapes `a` and `b`: equal ranks, each dim equal
+/// (with its label) or 1 on one side.
+fn broadcast(a: &Shape, b: &Shape) -> Result<Shape, Reject> {
+    let r = a.rank;
+    if b.rank != r {
+        return Err(Reject::IllTyped);
+    }
+    let mut s = *a;
+    for i in 0..r {
+        let (x, y) = (a.dims[i], b.dims[i]);
+        if x > 1 && y > 1 {
+            if x != y || a.labels[i] != b.labels[i] {
+                return Err(Reject::IllTyped);
+            }
+        } else if y > 1 {
+            s.dims[i] = y;
+            s.labels[i] = b.labels[i];
+        }
+    }
+    Ok(s)
 }
 
 fn phase2(a: Phase, b: Phase) -> Result<Phase, Reject> {

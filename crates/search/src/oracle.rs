@@ -4,8 +4,10 @@
 //! A candidate tensor survives only if its term is in the e-graph. The search checks a new
 //! tensor with one hash-consed lookup of its top node (children are the e-classes of its
 //! operands, already found), which is exactly `EGraph::lookup_expr` on its whole term; the
-//! e-graph's memo is the cache keyed by term hash. [`ExprOracle::contains`] checks a whole
-//! `RecExpr` (tests, the Theorem-1 check).
+//! e-graph's memo is the cache keyed by term hash. The lookups the generator repeats most
+//! (two-operand pairs, unary and binary op terms) are answered from tables built once after
+//! saturation ([`OpTables`]). [`ExprOracle::contains`] checks a whole `RecExpr` (tests, the
+//! Theorem-1 check).
 
 use egg::{Id, Language, RecExpr};
 use mirage_ugraph::KernelGraph;
@@ -25,10 +27,15 @@ pub struct ExprOracle {
     tables: Option<OpTables>,
 }
 
+const _: () = {
+    const fn sync<T: Sync + Send>() {}
+    sync::<ExprOracle>();
+};
+
 /// Answers about the frozen e-graph that the generator asks billions of times, as tables
-/// indexed by e-class instead of hash-consed lookups: which ordered pairs of classes are the
-/// two children of some e-node (a node of two operands is in the e-graph only if its pair
-/// is), and the term of every registry unary op on every class and, for e-graphs of at most
+/// indexed by e-class instead of hash-consed lookups: which pairs of classes are the two
+/// children of some e-node, in either order (a node of two operands is in the e-graph only
+/// if its pair is), and the term of every registry unary op on every class and, for e-graphs of at most
 /// [`MAX_BINARY_CLASSES`] classes, of every binary op on every pair. Each entry is what the
 /// lookup gives (`expr::unary_term`, `expr::binary_term`).
 struct OpTables {
@@ -71,7 +78,8 @@ impl OpTables {
         for c in egraph.classes() {
             for node in &c.nodes {
                 if let [a, b] = node.children() {
-                    if let Some(i) = t.pair(egraph.find(*a), egraph.find(*b)) {
+                    let (a, b) = (egraph.find(*a), egraph.find(*b));
+                    for i in [t.pair(a, b), t.pair(b, a)].into_iter().flatten() {
                         t.pairs[i / 64] |= 1 << (i % 64);
                     }
                 }
@@ -88,11 +96,7 @@ impl OpTables {
             for b in 0..BINARY_OPS.len() {
                 for &x in &ids {
                     for &y in &ids {
-                        binary.push(if t.paired(x, y) || t.paired(y, x) {
-                            code(binary_term(&mut look, b, x, y))
-                        } else {
-                            NONE
-                        });
+                        binary.push(if t.paired(x, y) { code(binary_term(&mut look, b, x, y)) } else { NONE });
                     }
                 }
             }
@@ -158,9 +162,9 @@ impl ExprOracle {
         ExprOracle { egraph, targets, inputs, report, tables }
     }
 
-    /// Whether some e-node has the canonical classes `a` and `b` as its two children, in that
+    /// Whether some e-node has the canonical classes `a` and `b` as its two children, in either
     /// order (always true where the e-graph is too large for the table). False means no node
-    /// of two operands `(a, b)` is present.
+    /// of two operands `(a, b)` or `(b, a)` is present.
     #[inline]
     pub fn may_pair(&self, a: Id, b: Id) -> bool {
         self.tables.as_ref().is_none_or(|t| t.paired(a, b))
@@ -181,6 +185,12 @@ impl ExprOracle {
         let t = self.tables.as_ref()?;
         let i = b.checked_mul(t.classes)?.checked_add(t.ix(x)?)?.checked_mul(t.classes)?.checked_add(t.ix(y)?)?;
         t.binary.as_ref()?.get(i).map(|&v| OpTables::decode(v))
+    }
+
+    /// The e-class of `node` (children are e-classes of this oracle), if present.
+    #[inline]
+    pub fn lookup(&self, node: Expr) -> Option<Id> {
+        self.egraph.lookup(node)
     }
 
     /// A read-only sink over the e-graph (for [`crate::expr`]'s term functions).
@@ -251,7 +261,7 @@ mod tests {
                     assert_eq!(o.binary_term(b, x, y), Some(direct), "binary {b} of ({x}, {y})");
                     if direct.is_some() {
                         found += 1;
-                        assert!(o.may_pair(x, y) || o.may_pair(y, x), "({x}, {y})");
+                        assert!(o.may_pair(x, y), "({x}, {y})");
                     }
                 }
             }

@@ -19,7 +19,7 @@ use crate::block::{BlockGraph, BlockOpKind, Phase};
 use crate::cancel::Cancel;
 use crate::error::{invalid, shape_err, Result};
 use crate::kernel::{KernelGraph, KernelOpKind};
-use crate::limits::{MAX_RUN_BLOCKS, MAX_RUN_NUMEL};
+use crate::limits::{checked_numel, MAX_RUN_BLOCKS, MAX_RUN_NUMEL};
 use crate::ops::{Accum, BinaryOp};
 use crate::scalar::Scalar;
 use crate::tensor::Tensor;
@@ -723,14 +723,14 @@ pub fn materialized_inputs(g: &KernelGraph) -> Vec<bool> {
 /// whole, at most: every tensor but the graph inputs it reads box by box
 /// ([`materialized_inputs`]).
 pub fn held_elements(g: &KernelGraph) -> usize {
-    let whole = materialized_inputs(g);
-    let inputs: Vec<usize> =
-        g.ops.iter().filter(|op| matches!(op.kind, KernelOpKind::Input { .. })).map(|op| op.outputs[0]).collect();
+    let mut held = materialized_inputs(g);
+    let inputs = g.input_ids();
+    (0..g.tensors.len()).for_each(|t| held[t] |= !inputs.contains(&t));
     g.tensors
         .iter()
-        .enumerate()
-        .filter(|(t, _)| whole[*t] || !inputs.contains(t))
-        .map(|(_, t)| t.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX))
+        .zip(held)
+        .filter(|(_, h)| *h)
+        .map(|(t, _)| checked_numel(&t.dims).unwrap_or(usize::MAX))
         .fold(0usize, usize::saturating_add)
 }
 
